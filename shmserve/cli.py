@@ -1,0 +1,139 @@
+"""`shmserve`: the command line, with tritonserver's flag names.
+
+Flags of tritonserver that shmserve does not implement are refused with a clear message
+rather than ignored.
+"""
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from shmserve.server import Options, Server
+
+# tritonserver flags that exist but that shmserve does not implement (yet).
+UNSUPPORTED_FLAGS = (
+    "backend-config", "repository-poll-secs", "trace-config", "cache-config", "rate-limit",
+    "rate-limit-resource", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size",
+    "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
+    "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
+    "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
+    "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
+    "grpc-restricted-protocol", "allow-client-shm", "metrics-config", "metrics-interval-ms",
+    "allow-gpu-metrics", "allow-cpu-metrics", "log-file", "log-format", "buffer-manager-thread-count",
+    "host-policy", "model-namespacing", "disable-auto-complete-config", "strict-model-config",
+    "response-cache-byte-size", "min-supported-compute-capability", "exit-on-error",
+)
+# Tuning flags of Triton's C++ thread pools; accepted, and the log says they have no effect.
+NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
+                   "backend-directory")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "on", "yes"):
+        return True
+    if value in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+class _Unsupported(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is a tritonserver option that shmserve does not support yet")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shmserve", allow_abbrev=False,
+                                description="Triton-compatible inference server for Python-backend models.")
+    p.add_argument("--model-repository", "--model-store", action="append", required=True,
+                   dest="model_repository", metavar="PATH")
+    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument("--model-config-name", default=None)
+    p.add_argument("--id", default="shmserve", dest="server_id")
+    p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--exit-timeout-secs", type=int, default=30)
+    p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL")
+    for flag in NO_EFFECT_FLAGS:
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), default=None)
+    for flag in UNSUPPORTED_FLAGS:
+        p.add_argument(f"--{flag}", action=_Unsupported, nargs="?", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_options(argv) -> tuple[Options, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    if "*" in args.load_model and len(args.load_model) > 1:
+        build_parser().error("--load-model=* must be the only --load-model")
+    options = Options(
+        model_repository=args.model_repository,
+        model_control_mode=args.model_control_mode,
+        load_model=args.load_model,
+        model_config_name=args.model_config_name,
+        server_id=args.server_id,
+        strict_readiness=args.strict_readiness,
+        exit_timeout_secs=args.exit_timeout_secs,
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+    )
+    return options, args
+
+
+def _configure_logging(args) -> None:
+    if args.log_verbose > 0:
+        level = logging.DEBUG
+    elif args.log_info:
+        level = logging.INFO
+    elif args.log_warning:
+        level = logging.WARNING
+    elif args.log_error:
+        level = logging.ERROR
+    else:
+        level = logging.CRITICAL
+    logging.basicConfig(stream=sys.stderr, level=level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv=None) -> int:
+    options, args = parse_options(sys.argv[1:] if argv is None else argv)
+    _configure_logging(args)
+    for flag in NO_EFFECT_FLAGS:
+        if getattr(args, flag.replace("-", "_")) is not None:
+            logging.getLogger("shmserve").info("--%s has no effect in shmserve", flag)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # uvloop is a dependency; this keeps odd platforms working
+        runner = asyncio.run
+    try:
+        runner(Server(options).serve_forever())
+    except OSError as exc:
+        logging.getLogger("shmserve").error("failed to start: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model configuration: parsing config.pbtxt, Triton's defaults and checks, JSON rendering."""

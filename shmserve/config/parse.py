@@ -1,0 +1,63 @@
+"""Reading model configurations: config.pbtxt text format, and JSON for the load API."""
+
+import os
+
+from google.protobuf import json_format, text_format
+
+from shmserve.errors import ServerError, invalid_arg
+from shmserve.proto import ModelConfig
+
+
+def parse_config_text(text: str) -> ModelConfig:
+    """A config.pbtxt's content as a ModelConfig; syntax errors name line and column."""
+    try:
+        return text_format.Parse(text, ModelConfig())
+    except text_format.ParseError as exc:
+        message = str(exc)
+        if exc.GetLine() is not None:
+            # The library prefixes "line:column : " to its message; say it in words.
+            message = (f"line {exc.GetLine()}, column {exc.GetColumn()}: "
+                       f"{message.split(' : ', 1)[-1]}")
+        raise invalid_arg(f"failed to parse model configuration: {message}") from None
+
+
+def parse_config_json(text: str) -> ModelConfig:
+    """A ModelConfig from its JSON form (proto or lowerCamel field names, int64 as numbers or
+    strings), as the repository load API receives it; unknown fields are errors."""
+    # json_format takes any JSON value ("[]" gives an empty config); a config is an object.
+    if not text.lstrip().startswith("{"):
+        raise invalid_arg("failed to parse model configuration JSON: expected a JSON object")
+    try:
+        return json_format.Parse(text, ModelConfig())
+    except json_format.ParseError as exc:
+        raise invalid_arg(f"failed to parse model configuration JSON: {exc}") from None
+
+
+def config_path(model_dir: str, config_name: str | None = None) -> str:
+    """The file a model's config is read from: `configs/<config_name>.pbtxt` when
+    --model-config-name is given and that file exists, else `config.pbtxt` (as Triton)."""
+    if config_name:
+        custom = os.path.join(model_dir, "configs", config_name + ".pbtxt")
+        if os.path.isfile(custom):
+            return custom
+    return os.path.join(model_dir, "config.pbtxt")
+
+
+def read_model_config(model_dir: str, config_name: str | None = None, *,
+                      autofill: bool = True) -> ModelConfig:
+    """The model's config as written. A missing file gives an empty ModelConfig when
+    `autofill` (Triton then completes it from the model), else an error."""
+    path = config_path(model_dir, config_name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if autofill:
+            return ModelConfig()
+        raise invalid_arg(f"model configuration file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise invalid_arg(f"failed to read model configuration file '{path}': {exc}") from None
+    try:
+        return parse_config_text(text)
+    except ServerError as exc:
+        raise invalid_arg(f"{path}: {exc.message}") from None

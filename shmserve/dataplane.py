@@ -1,0 +1,289 @@
+"""The one API both transports call: health, metadata, config, statistics and inference.
+
+Requests are validated here against the model's signature, with Triton's messages, before
+anything reaches a worker.
+"""
+
+import time
+
+from shmserve import __version__
+from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.errors import Code, ServerError
+from shmserve.inference import InferRequest, InferResponse, OutputTensor
+from shmserve.ipc import datatypes
+from shmserve.registry import Registry
+from shmserve.stats import ModelStats
+
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+
+# Request parameters the server consumes; the model sees the others through parameters().
+RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
+                                 "timeout", "binary_data_output", "headers"))
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+class DataPlane:
+    def __init__(self, registry: Registry, *, server_id: str = "shmserve",
+                 strict_readiness: bool = True):
+        self.registry = registry
+        self.server_id = server_id
+        self.strict_readiness = strict_readiness
+        self.live = False
+        self.accepting = False  # false before load and while draining
+
+    # -- health and metadata ------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        return self.live
+
+    def server_ready(self) -> bool:
+        if not (self.live and self.accepting):
+            return False
+        return self.registry.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict:
+        return {"name": self.server_id, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        mv = self.registry.find(name, version)
+        return mv is not None and mv.ready
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        mv = self.registry.get(name, version)
+        sig = mv.signature
+        if version in ("", "-1"):
+            versions = sorted((v.version for v in self.registry.models[name].versions.values()
+                               if v.ready))
+        else:
+            versions = [mv.version]
+        return {
+            "name": name,
+            "versions": [str(v) for v in versions],
+            "platform": mv.platform,
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": sig.metadata_shape(s)}
+                       for s in sig.inputs.values()],
+            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": sig.metadata_shape(s)}
+                        for s in sig.outputs.values()],
+        }
+
+    def model_config(self, name: str, version: str = ""):
+        """(config message, config JSON dict) of a ready version."""
+        mv = self.registry.get(name, version)
+        return mv.config, mv.config_json
+
+    def model_statistics(self, name: str = "", version: str = "") -> list:
+        """[(ModelVersion, ModelStats)] for one model (and version) or every ready model."""
+        if name:
+            if version in ("", "-1"):
+                self.registry.get(name, version)  # NOT_FOUND for unknown models
+                versions = [v for v in self.registry.models[name].versions.values() if v.ready]
+            else:
+                versions = [self.registry.get(name, version)]
+        else:
+            versions = [v for v in self.registry.all_versions() if v.ready]
+        return [(mv, mv.stats or ModelStats()) for mv in sorted(versions, key=lambda v: (v.name, v.version))]
+
+    def repository_index(self, ready_only: bool = False) -> list:
+        out = []
+        for rec in sorted(self.registry.models.values(), key=lambda r: r.name):
+            if rec.reason and not rec.versions:
+                if not ready_only:
+                    out.append({"name": rec.name, "state": "UNAVAILABLE", "reason": rec.reason})
+                continue
+            for mv in sorted(rec.versions.values(), key=lambda v: v.version):
+                if ready_only and not mv.ready:
+                    continue
+                entry = {"name": rec.name, "version": str(mv.version), "state": mv.state}
+                if mv.reason:
+                    entry["reason"] = mv.reason
+                out.append(entry)
+        return out
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if not self.accepting:
+            raise ServerError(Code.UNAVAILABLE, "Server not ready")
+        mv = self.registry.get(request.model_name, request.model_version)
+        started = time.perf_counter_ns()
+        stats = mv.stats
+        if stats is None:
+            stats = mv.stats = ModelStats()
+        try:
+            work, batch_size = _prepare(request, mv)
+        except ServerError as exc:
+            stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            # Triton names the request in validation errors.
+            raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
+                                        f"{exc.message}") from None
+        stats.pending += 1
+        try:
+            response, timings, instance = await mv.scheduler.submit(work)
+        except ServerError:
+            stats.record_failure(time.perf_counter_ns() - started, "OTHER")
+            raise
+        finally:
+            stats.pending -= 1
+        if response.error is not None:
+            stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
+            raise response.error
+        total = time.perf_counter_ns() - started
+        compute = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
+        stats.record_success(batch_size=batch_size, request_ns=total,
+                             queue_ns=max(0, total - compute),
+                             compute_input_ns=timings.compute_input_ns,
+                             compute_infer_ns=timings.compute_infer_ns,
+                             compute_output_ns=timings.compute_output_ns)
+        return _response(request, mv, response, instance)
+
+
+def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
+    """Validate a request against the model; the WorkRequest and its batch size."""
+    sig = mv.signature
+    name = mv.name
+    batching = sig.max_batch_size > 0
+    inputs = []
+    seen = set()
+    batch_size = 1
+    for t in request.inputs:
+        spec = sig.inputs.get(t.name)
+        if spec is None:
+            raise ServerError(Code.INVALID_ARG,
+                              f"unexpected inference input '{t.name}' for model '{name}'")
+        if t.name in seen:
+            raise ServerError(Code.INVALID_ARG,
+                              f"input '{t.name}' already exists in request")
+        seen.add(t.name)
+        if t.datatype != spec.datatype:
+            raise ServerError(Code.INVALID_ARG,
+                              f"inference input '{t.name}' data-type is '{t.datatype}', but "
+                              f"model '{name}' expects '{spec.datatype}'")
+        shape = t.shape
+        if any((not isinstance(d, int)) or d < 0 for d in shape):
+            raise ServerError(Code.INVALID_ARG,
+                              f"unexpected shape for input '{t.name}' for model '{name}'. "
+                              f"Shape dimensions must be non-negative integers, got {_fmt(shape)}")
+        if batching:
+            if not shape:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"unexpected shape for input '{t.name}' for model '{name}'. "
+                                  f"Expected {_fmt([-1, *spec.dims])}, got {_fmt(shape)}")
+            this_batch = shape[0]
+            if this_batch > sig.max_batch_size or this_batch < 1:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"inference request batch-size must be <= "
+                                  f"{sig.max_batch_size} for '{name}'")
+            if inputs and this_batch != batch_size:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"input '{t.name}' batch size does not match other inputs "
+                                  f"for '{name}'")
+            batch_size = this_batch
+            item_shape = shape[1:]
+        else:
+            item_shape = shape
+        if not _dims_match(item_shape, spec.dims):
+            expected = ([-1] if batching else []) + list(spec.dims)
+            raise ServerError(Code.INVALID_ARG,
+                              f"unexpected shape for input '{t.name}' for model '{name}'. "
+                              f"Expected {_fmt(expected)}, got {_fmt(shape)}")
+        if t.data is None:
+            raise ServerError(Code.INVALID_ARG,
+                              f"input '{t.name}' has no data (shared memory inputs are not "
+                              f"supported yet)")
+        _check_byte_size(t, name)
+        model_shape = list(shape)
+        if spec.reshape is not None:
+            model_shape = ([shape[0]] if batching else []) + _reshape(spec.reshape, item_shape)
+        inputs.append(WorkInput(t.name, t.datatype, model_shape, t.data))
+    if len(seen) != len(sig.inputs):
+        missing = [n for n, s in sig.inputs.items() if n not in seen and not s.optional]
+        if missing:
+            required = sum(1 for s in sig.inputs.values() if not s.optional)
+            raise ServerError(Code.INVALID_ARG,
+                              f"expected {required} inputs but got {len(seen)} inputs for model "
+                              f"'{name}'. Got input(s) {_names(seen)}, but missing required "
+                              f"input(s) {_names(missing)}. Please provide all required input(s).")
+    if request.outputs:
+        requested = []
+        for o in request.outputs:
+            if o.name not in sig.outputs:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"unexpected inference output '{o.name}' for model '{name}'")
+            requested.append(o.name)
+    else:
+        requested = list(sig.outputs)
+    params = request.parameters
+    model_params = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS} if params else {}
+    flags = 0
+    if params.get("sequence_start"):
+        flags |= SEQUENCE_START
+    if params.get("sequence_end"):
+        flags |= SEQUENCE_END
+    work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
+                       requested)
+    return work, batch_size
+
+
+def _dims_match(shape, dims) -> bool:
+    if len(shape) != len(dims):
+        return False
+    for got, want in zip(shape, dims):
+        if want != -1 and got != want:
+            return False
+    return True
+
+
+def _reshape(reshape: tuple, item_shape: list) -> list:
+    """The shape the model sees; a -1 in the reshape takes the remaining elements."""
+    if -1 not in reshape:
+        return list(reshape)
+    total = datatypes.element_count(item_shape)
+    known = 1
+    for d in reshape:
+        if d != -1:
+            known *= d
+    return [total // known if known and d == -1 else d for d in reshape]
+
+
+def _check_byte_size(t, model: str) -> None:
+    data = t.data
+    nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+    count = datatypes.element_count(t.shape)
+    if t.datatype == "BYTES":
+        try:
+            datatypes.check_bytes(data, count)
+        except ValueError as exc:
+            raise ServerError(Code.INVALID_ARG,
+                              f"unexpected number of string elements for inference input "
+                              f"'{t.name}' for model '{model}': {exc}") from None
+        return
+    expected = count * datatypes.element_size(t.datatype)
+    if nbytes != expected:
+        raise ServerError(Code.INVALID_ARG,
+                          f"input byte size mismatch for input '{t.name}' for model '{model}'. "
+                          f"Expected {expected}, got {nbytes}")
+
+
+def _response(request: InferRequest, mv, work, instance) -> InferResponse:
+    sig = mv.signature
+    outputs = []
+    slots = work.slots
+    for o in work.outputs:
+        shape = o.shape
+        spec = sig.outputs.get(o.name)
+        if spec is not None and spec.reshape is not None and -1 not in spec.dims:
+            shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
+        outputs.append(OutputTensor(o.name, o.datatype, shape, o.data))
+    resp = InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs)
+    if slots:
+        resp.release = lambda: instance.release_outputs(slots)
+    return resp
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"

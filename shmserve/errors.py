@@ -1,0 +1,48 @@
+"""The one error type of the server.
+
+Everything below the transports raises `ServerError` with a Triton error code; only the
+transports map codes to HTTP or gRPC statuses.
+"""
+
+import enum
+
+
+class Code(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class ServerError(Exception):
+    def __init__(self, code: Code, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self):
+        return f"ServerError({self.code.name}, {self.message!r})"
+
+
+def invalid_arg(message: str) -> ServerError:
+    return ServerError(Code.INVALID_ARG, message)
+
+
+def not_found(message: str) -> ServerError:
+    return ServerError(Code.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> ServerError:
+    return ServerError(Code.UNAVAILABLE, message)
+
+
+def internal(message: str) -> ServerError:
+    return ServerError(Code.INTERNAL, message)
+
+
+def unsupported(message: str) -> ServerError:
+    return ServerError(Code.UNSUPPORTED, message)

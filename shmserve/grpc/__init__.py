@@ -1,0 +1,1 @@
+"""gRPC transport (`inference.GRPCInferenceService`)."""

@@ -1,0 +1,210 @@
+"""gRPC infer codec: ModelInferRequest / ModelInferResponse <-> inference.py.
+
+Pure translation. The checks here are the ones Triton's gRPC front makes while reading a
+request, with its message texts; everything that needs the model config is the dataplane's.
+"""
+
+import numpy as np
+
+from shmserve import proto
+from shmserve.errors import internal, invalid_arg
+from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
+from shmserve.ipc import datatypes
+
+# The one `triton_` request parameter a client may send (ModelStreamInfer's empty final response).
+_ALLOWED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+_SHM_REGION = "shared_memory_region"
+_SHM_INTS = ("shared_memory_byte_size", "shared_memory_offset")
+
+# datatype -> the InferTensorContents field that may carry it. FP16 and BF16 have none: they
+# must come as raw_input_contents.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+# contents field -> (datatype named in errors, numpy dtype of its protobuf element type)
+_FIELD_TYPES = {
+    "bool_contents": ("BOOL", np.dtype(np.bool_)),
+    "int_contents": ("INT32", np.dtype(np.int32)),
+    "int64_contents": ("INT64", np.dtype(np.int64)),
+    "uint_contents": ("UINT32", np.dtype(np.uint32)),
+    "uint64_contents": ("UINT64", np.dtype(np.uint64)),
+    "fp32_contents": ("FP32", np.dtype(np.float32)),
+    "fp64_contents": ("FP64", np.dtype(np.float64)),
+    "bytes_contents": ("BYTES", None),
+}
+
+
+def parameters_from_proto(params) -> dict:
+    """map<string, InferParameter> -> {key: bool | int | float | str}."""
+    if not params:
+        return {}
+    result = {}
+    for key, value in params.items():
+        choice = value.WhichOneof("parameter_choice")
+        if choice is None:
+            raise invalid_arg(f"invalid value type for '{key}' parameter, no value is set.")
+        result[key] = getattr(value, choice)
+    return result
+
+
+def parameters_to_proto(params: dict, target) -> None:
+    """{key: bool | int | float | str} -> map<string, InferParameter> `target`. Integers
+    beyond int64 (but within uint64) become uint64_param."""
+    for key, value in params.items():
+        slot = target[key]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int):
+            if _INT64_MIN <= value <= _INT64_MAX:
+                slot.int64_param = value
+            elif _INT64_MAX < value <= _UINT64_MAX:
+                slot.uint64_param = value
+            else:
+                raise internal(f"parameter '{key}' is out of the 64-bit integer range")
+        elif isinstance(value, float):
+            slot.double_param = value
+        elif isinstance(value, str):
+            slot.string_param = value
+        else:
+            raise internal(
+                f"parameter '{key}' has unsupported type {type(value).__name__}; "
+                "expected bool, int, float or str"
+            )
+
+
+def decode_model_infer_request(msg) -> InferRequest:
+    params = parameters_from_proto(msg.parameters)
+    for key in params:
+        if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMS:
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only "
+                "the following keys starting with 'triton_' are allowed: "
+                + " ".join(_ALLOWED_TRITON_PARAMS)
+            )
+
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    raw_count = len(raw)
+    raw_used = 0
+    inputs = []
+    for tensor in msg.inputs:
+        name = tensor.name
+        datatype = tensor.datatype
+        if datatype not in datatypes.WIRE_TYPES:
+            raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
+        shape = tensor.shape[:]
+        if shape and min(shape) < 0:
+            raise invalid_arg(f"invalid shape {shape} for input '{name}'")
+        tensor_params = parameters_from_proto(tensor.parameters)
+        has_contents = tensor.HasField("contents")
+        if _SHM_REGION in tensor_params:
+            if has_contents:
+                raise invalid_arg(
+                    "unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{name}' for model '{model}'"
+                )
+            _check_shm_params(tensor_params)
+            data = None
+        elif has_contents:
+            if raw_count:
+                raise invalid_arg(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{model}'"
+                )
+            data = _typed_contents_bytes(tensor.contents, name, datatype, model)
+        elif raw_used < raw_count:
+            data = raw[raw_used]
+            raw_used += 1
+        else:
+            raise invalid_arg(
+                f"unable to find data for input tensor '{name}' for model '{model}' in request."
+            )
+        inputs.append(InputTensor(name, datatype, shape, data, tensor_params))
+    if raw_used != raw_count:
+        raise invalid_arg(
+            f"expected {raw_used} raw_input_contents entries (one per input not in shared "
+            f"memory) but got {raw_count} for model '{model}'"
+        )
+
+    outputs = []
+    for requested in msg.outputs:
+        output_params = parameters_from_proto(requested.parameters)
+        if _SHM_REGION in output_params:
+            _check_shm_params(output_params)
+        outputs.append(RequestedOutput(requested.name, output_params))
+
+    return InferRequest(
+        model_name=model,
+        model_version=msg.model_version,
+        id=msg.id,
+        parameters=params,
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def encode_model_infer_response(resp: InferResponse):
+    """-> proto.ModelInferResponse with one raw_output_contents entry per output, in output
+    order, always: tritonclient finds an output's bytes by its position."""
+    msg = proto.ModelInferResponse(
+        model_name=resp.model_name, model_version=resp.model_version, id=resp.id
+    )
+    if resp.parameters:
+        parameters_to_proto(resp.parameters, msg.parameters)
+    for out in resp.outputs:
+        tensor = msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        if out.parameters:
+            parameters_to_proto(out.parameters, tensor.parameters)
+    # protobuf bytes fields take bytes only; a memoryview is copied once here.
+    msg.raw_output_contents.extend(
+        [out.data if type(out.data) is bytes else bytes(out.data) for out in resp.outputs]
+    )
+    return msg
+
+
+def _check_shm_params(params: dict) -> None:
+    if type(params[_SHM_REGION]) is not str:
+        raise invalid_arg(
+            f"invalid value type for '{_SHM_REGION}' parameter, expected string_param."
+        )
+    for key in _SHM_INTS:
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise invalid_arg(f"invalid value for '{key}' parameter, expected int64_param >= 0.")
+
+
+def _typed_contents_bytes(contents, name: str, datatype: str, model: str) -> bytes | memoryview:
+    filled = [field.name for field, _ in contents.ListFields()]
+    if not filled:
+        return b""
+    if len(filled) > 1:
+        raise invalid_arg(
+            f"unexpected explicit tensor data for input tensor '{name}' for model '{model}', "
+            "binary data was already supplied."
+        )
+    field = filled[0]
+    field_type, field_dtype = _FIELD_TYPES[field]
+    if _CONTENTS_FIELD.get(datatype) != field:
+        raise invalid_arg(
+            f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' "
+            f"of type '{field_type}', expected datatype '{datatype}'"
+        )
+    values = getattr(contents, field)
+    if datatype == "BYTES":
+        return datatypes.serialize_bytes(values)
+    # INT8/INT16 (UINT8/UINT16) keep the low bytes of each 32-bit element, as Triton does.
+    array = np.array(values, dtype=field_dtype).astype(datatypes.numpy_dtype(datatype), copy=False)
+    return memoryview(array.view(np.uint8))

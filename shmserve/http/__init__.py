@@ -1,0 +1,1 @@
+"""HTTP/REST transport (KServe v2 with Triton's extensions)."""

@@ -1,0 +1,141 @@
+"""HTTP/REST endpoints of the KServe v2 protocol, with Triton's extensions and statuses.
+
+Transport only: routes decode, call the dataplane, and encode; no scheduling or validation.
+"""
+
+import logging
+
+import orjson
+from aiohttp import web
+
+from shmserve.dataplane import DataPlane
+from shmserve.errors import Code, ServerError
+from shmserve.http import codec
+from shmserve.stats import stats_json
+
+log = logging.getLogger("shmserve.http")
+
+STATUS = {
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.INVALID_ARG: 400,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+    Code.UNKNOWN: 400,
+}
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=codec.encode_error(message),
+                        content_type="application/json")
+
+
+def _json(obj) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+
+def _version(request: web.Request) -> str:
+    return request.match_info.get("version", "")
+
+
+@web.middleware
+async def _errors(request, handler):
+    try:
+        return await handler(request)
+    except ServerError as exc:
+        return _error(STATUS.get(exc.code, 400), exc.message)
+    except web.HTTPNotFound:
+        return _error(404, "Not Found")
+    except web.HTTPMethodNotAllowed:
+        return _error(405, "Method Not Allowed")
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(400, f"request body exceeds the maximum input size: {exc.text}")
+
+
+class HttpRoutes:
+    def __init__(self, dataplane: DataPlane):
+        self.dp = dataplane
+
+    async def live(self, request):
+        return web.Response(status=200 if self.dp.server_live() else 400)
+
+    async def ready(self, request):
+        return web.Response(status=200 if self.dp.server_ready() else 400)
+
+    async def server_metadata(self, request):
+        return _json(self.dp.server_metadata())
+
+    async def model_metadata(self, request):
+        return _json(self.dp.model_metadata(request.match_info["model"], _version(request)))
+
+    async def model_ready(self, request):
+        if self.dp.model_ready(request.match_info["model"], _version(request)):
+            return web.Response(status=200)
+        return _error(400, "Model version not ready")
+
+    async def model_config(self, request):
+        _, config_json = self.dp.model_config(request.match_info["model"], _version(request))
+        return _json(config_json)
+
+    async def model_stats(self, request):
+        name = request.match_info.get("model", "")
+        stats = self.dp.model_statistics(name, _version(request))
+        return _json({"model_stats": [stats_json(mv, s) for mv, s in stats]})
+
+    async def repository_index(self, request):
+        body = await request.read()
+        ready = False
+        if body:
+            try:
+                ready = bool(orjson.loads(body).get("ready", False))
+            except (orjson.JSONDecodeError, AttributeError):
+                raise ServerError(Code.INVALID_ARG, "failed to parse the request JSON buffer") from None
+        return _json(self.dp.repository_index(ready))
+
+    async def infer(self, request: web.Request):
+        header = request.headers.get(HEADER_LENGTH)
+        header_length = None
+        if header is not None:
+            try:
+                header_length = int(header)
+            except ValueError:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"Unable to parse {HEADER_LENGTH}, got: {header}") from None
+        if request.headers.get("Content-Encoding"):
+            raise ServerError(Code.UNSUPPORTED, "request compression is not supported yet")
+        body = await request.read()
+        infer_request, fmt = codec.decode_infer_request(
+            body, header_length, request.match_info["model"], _version(request))
+        response = await self.dp.infer(infer_request)
+        try:
+            chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
+            payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            response.done()
+        resp = web.Response(body=payload, content_type=content_type)
+        if out_header is not None:
+            resp.headers[HEADER_LENGTH] = str(out_header)
+        return resp
+
+
+def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=max_input_size)
+    r = HttpRoutes(dataplane)
+    m = "/v2/models/{model}"
+    mv = "/v2/models/{model}/versions/{version:[0-9]+}"
+    app.router.add_get("/v2", r.server_metadata)
+    app.router.add_get("/v2/health/live", r.live)
+    app.router.add_get("/v2/health/ready", r.ready)
+    app.router.add_get("/v2/models/stats", r.model_stats)
+    app.router.add_post("/v2/repository/index", r.repository_index)
+    for prefix in (m, mv):
+        app.router.add_get(prefix, r.model_metadata)
+        app.router.add_get(prefix + "/ready", r.model_ready)
+        app.router.add_get(prefix + "/config", r.model_config)
+        app.router.add_get(prefix + "/stats", r.model_stats)
+        app.router.add_post(prefix + "/infer", r.infer)
+    return app

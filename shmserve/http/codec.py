@@ -1,0 +1,403 @@
+"""HTTP infer codec: the v2 JSON body (with Triton's binary tensor extension) <-> inference.py.
+
+Pure translation. The checks here are the ones Triton's HTTP front makes while parsing, with
+its message texts; everything that needs the model config is the dataplane's job.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from shmserve.errors import internal, invalid_arg
+from shmserve.inference import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+from shmserve.ipc import datatypes
+
+_SHM_REGION = "shared_memory_region"
+_SHM_INTS = ("shared_memory_byte_size", "shared_memory_offset")
+
+# numpy dtype kinds that `np.array(json_list)` may produce for each fixed-size datatype.
+# Stricter than a plain cast: 1.5 is no INT32 and true is no FP32, as in Triton.
+_JSON_KINDS = {"BOOL": "b", "FP32": "iuf", "FP64": "iuf"}
+_INT_LIMITS = {
+    name: np.iinfo(datatypes.numpy_dtype(name))
+    for name in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+}
+_JSON_KINDS.update({name: "iu" for name in _INT_LIMITS})
+
+_BOOL_BYTES = np.dtype(np.uint8)
+
+
+@dataclass(slots=True)
+class OutputFormat:
+    """How each output of the response goes back on the wire.
+
+    Outputs the request lists are binary only with their own `binary_data: true`; outputs it
+    does not list follow the request's `binary_data_output` (JSON by default). Outputs the
+    client placed in its own shared memory go back as metadata only.
+    """
+
+    binary_default: bool = False
+    binary: dict[str, bool] = field(default_factory=dict)
+    shared_memory: set[str] = field(default_factory=set)
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_default)
+
+    def in_shared_memory(self, name: str) -> bool:
+        return name in self.shared_memory
+
+
+def decode_infer_request(
+    body: bytes | memoryview,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+) -> tuple[InferRequest, OutputFormat]:
+    """Parse an infer body. `header_length` is the Inference-Header-Content-Length value
+    (None: the whole body is JSON). Binary inputs are zero-copy slices of `body`."""
+    view = memoryview(body).cast("B")
+    total = len(view)
+    if header_length is None:
+        header_length = total
+    elif header_length < 0 or header_length > total:
+        raise invalid_arg(
+            f"inference header size should be in range (0, {total}), got: {header_length}"
+        )
+    elif header_length == 0:
+        raise invalid_arg(
+            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
+            "send a JSON inference header"
+        )
+    try:
+        doc = orjson.loads(view[:header_length])
+    except orjson.JSONDecodeError as e:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") from None
+    if type(doc) is not dict:
+        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise invalid_arg("Unable to parse 'id'")
+    fmt = OutputFormat()
+    request = InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        parameters=_request_parameters(doc.get("parameters"), fmt),
+        inputs=_inputs(doc.get("inputs"), view, header_length, model_name),
+        outputs=_outputs(doc.get("outputs"), fmt),
+    )
+    return request, fmt
+
+
+def encode_infer_response(
+    response: InferResponse, fmt: OutputFormat
+) -> tuple[list[bytes | memoryview], int | None, str]:
+    """Returns (body chunks, Inference-Header-Content-Length or None, Content-Type).
+
+    Binary output bytes are returned as their own chunks, uncopied, after the JSON header."""
+    chunks: list[bytes | memoryview] = [b""]
+    outputs = []
+    for out in response.outputs:
+        entry = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
+        if fmt.in_shared_memory(out.name):
+            if out.parameters:
+                entry["parameters"] = out.parameters
+        elif fmt.is_binary(out.name):
+            size = _nbytes(out.data)
+            entry["parameters"] = {**out.parameters, "binary_data_size": size}
+            if size:
+                chunks.append(out.data)
+        else:
+            if out.parameters:
+                entry["parameters"] = out.parameters
+            entry["data"] = _json_data(out)
+        outputs.append(entry)
+
+    header = {}
+    if response.id:
+        header["id"] = response.id
+    header["model_name"] = response.model_name
+    header["model_version"] = response.model_version
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = outputs
+    chunks[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    # As Triton: the header length is only sent when binary bytes actually follow.
+    if len(chunks) > 1:
+        return chunks, len(chunks[0]), "application/octet-stream"
+    return chunks, None, "application/json"
+
+
+def encode_error(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def _request_parameters(params, fmt: OutputFormat) -> dict:
+    if params is None:
+        return {}
+    if type(params) is not dict:
+        raise invalid_arg("Unable to parse 'parameters'")
+    result = {}
+    for key, value in params.items():
+        if key == "binary_data_output":
+            if type(value) is not bool:
+                raise invalid_arg("Unable to parse 'binary_data_output'")
+            fmt.binary_default = value
+        elif key.startswith("triton_"):
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage "
+                "and should not be specified."
+            )
+        elif isinstance(value, (bool, int, float, str)):
+            result[key] = value
+        else:
+            raise invalid_arg(
+                f"parameter '{key}' has invalid type. It should be either "
+                "'int', 'bool', or 'string'."
+            )
+    return result
+
+
+def _inputs(items, view: memoryview, offset: int, model_name: str) -> list[InputTensor]:
+    if type(items) is not list:
+        raise invalid_arg("Unable to parse 'inputs'")
+    total = len(view)
+    inputs = []
+    for item in items:
+        if type(item) is not dict:
+            raise invalid_arg("Unable to parse 'inputs'")
+        name = item.get("name")
+        if type(name) is not str:
+            raise invalid_arg("Unable to parse 'name'")
+        datatype = item.get("datatype")
+        if type(datatype) is not str:
+            raise invalid_arg("Unable to parse 'datatype'")
+        if datatype not in datatypes.WIRE_TYPES:
+            raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
+        shape = item.get("shape")
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise invalid_arg("Unable to parse 'shape'")
+        params = item.get("parameters")
+        if params is None:
+            params = {}
+        elif type(params) is not dict:
+            raise invalid_arg("Unable to parse 'parameters'")
+
+        has_data = "data" in item
+        has_binary = "binary_data_size" in params
+        has_shm = _SHM_REGION in params
+        if has_data + has_binary + has_shm != 1:
+            raise invalid_arg(_content_error(has_data, has_binary, has_shm))
+
+        if has_binary:
+            size = params.pop("binary_data_size")
+            if type(size) is not int or size < 0:
+                raise invalid_arg("Unable to parse 'binary_data_size'")
+            end = offset + size
+            if end > total:
+                raise invalid_arg(
+                    f"unexpected size for input '{name}', expecting {end - total} "
+                    f"additional bytes for model '{model_name}'"
+                )
+            data = view[offset:end]
+            offset = end
+        elif has_shm:
+            _check_shm_params(params)
+            data = None
+        else:
+            data = _json_input_bytes(name, datatype, shape, item["data"])
+        inputs.append(InputTensor(name, datatype, shape, data, params))
+
+    if offset != total:
+        raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
+    return inputs
+
+
+def _content_error(has_data: bool, has_binary: bool, has_shm: bool) -> str:
+    message = (
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But"
+    )
+    if not (has_data or has_binary or has_shm):
+        return message + " no field is set"
+    message += " set"
+    if has_data:
+        message += " 'data'"
+    if has_binary:
+        message += " 'binary_data_size'"
+    if has_shm:
+        message += " 'shared_memory_region'"
+    return message
+
+
+def _check_shm_params(params: dict) -> None:
+    if type(params[_SHM_REGION]) is not str:
+        raise invalid_arg(f"Unable to parse '{_SHM_REGION}'")
+    for key in _SHM_INTS:
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise invalid_arg(f"Unable to parse '{key}'")
+
+
+def _json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memoryview | bytes:
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary "
+            f"data format for input {name}"
+        )
+    if type(data) is not list:
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
+    expected = datatypes.element_count(shape)
+
+    if datatype == "BYTES":
+        elements: list[str] = []
+        _flatten_strings(data, elements, name)
+        _check_count(name, shape, expected, len(elements))
+        return datatypes.serialize_bytes(elements)
+
+    try:
+        array = np.array(data)
+    except ValueError:
+        raise invalid_arg(
+            f"Unable to parse 'data' of input '{name}': nested arrays of unequal length"
+        ) from None
+    _check_count(name, shape, expected, array.size)
+    if array.size:
+        kind = array.dtype.kind
+        limits = _INT_LIMITS.get(datatype)
+        if limits is not None and kind in "fO":
+            array = _exact_integers(name, datatype, data, array)
+        elif kind not in _JSON_KINDS[datatype]:
+            raise _bad_values(name, datatype)
+        elif limits is not None and (array.min() < limits.min or array.max() > limits.max):
+            raise _out_of_range(name, datatype)
+    array = array.astype(datatypes.numpy_dtype(datatype), copy=False).reshape(-1)
+    return memoryview(array.view(np.uint8))
+
+
+def _exact_integers(name: str, datatype: str, data: list, inferred: np.ndarray) -> np.ndarray:
+    """numpy infers float64 or object for integer lists that leave the int64 range (large
+    UINT64 values); convert those exactly, and still refuse true non-integers."""
+    try:
+        exact = np.array(data, dtype=datatypes.numpy_dtype(datatype))
+    except OverflowError:
+        raise _out_of_range(name, datatype) from None
+    except (TypeError, ValueError):
+        raise _bad_values(name, datatype) from None
+    if inferred.dtype.kind == "f" and not np.array_equal(exact, inferred):
+        raise _bad_values(name, datatype)
+    return exact
+
+
+def _bad_values(name: str, datatype: str):
+    return invalid_arg(f"Unable to parse 'data' of input '{name}': expected {datatype} values")
+
+
+def _out_of_range(name: str, datatype: str):
+    return invalid_arg(f"Unable to parse 'data' of input '{name}': value out of range for {datatype}")
+
+
+def _flatten_strings(data: list, into: list[str], name: str) -> None:
+    for element in data:
+        if type(element) is str:
+            into.append(element)
+        elif type(element) is list:
+            _flatten_strings(element, into, name)
+        else:
+            raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected BYTES as JSON strings")
+
+
+def _check_count(name: str, shape: list[int], expected: int, got: int) -> None:
+    if got != expected:
+        raise invalid_arg(
+            f"unexpected number of elements for input '{name}': 'data' has {got}, "
+            f"shape {shape} needs {expected}"
+        )
+
+
+def _outputs(items, fmt: OutputFormat) -> list[RequestedOutput]:
+    if items is None:
+        return []
+    if type(items) is not list:
+        raise invalid_arg("Unable to parse 'outputs'")
+    outputs = []
+    for item in items:
+        if type(item) is not dict:
+            raise invalid_arg("Unable to parse 'outputs'")
+        name = item.get("name")
+        if type(name) is not str:
+            raise invalid_arg("Unable to parse 'name'")
+        params = item.get("parameters")
+        if params is None:
+            params = {}
+        elif type(params) is not dict:
+            raise invalid_arg("Unable to parse 'parameters'")
+
+        binary = params.pop("binary_data", None)
+        if binary is not None and type(binary) is not bool:
+            raise invalid_arg("Unable to parse 'binary_data'")
+        classification = params.get("classification")
+        if classification is not None and (type(classification) is not int or classification < 0):
+            raise invalid_arg("Unable to set 'classification'")
+        if _SHM_REGION in params:
+            if classification is not None:
+                raise invalid_arg(
+                    "Output can't set both 'shared_memory_region' and 'classification'"
+                )
+            if binary:
+                raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+            _check_shm_params(params)
+            fmt.shared_memory.add(name)
+        else:
+            # As Triton: a listed output is JSON unless it asks for binary itself;
+            # binary_data_output only covers outputs the request does not list.
+            fmt.binary[name] = bool(binary)
+        outputs.append(RequestedOutput(name, params))
+    return outputs
+
+
+def _nbytes(data: bytes | memoryview) -> int:
+    return data.nbytes if type(data) is memoryview else len(data)
+
+
+def _json_data(out: OutputTensor):
+    """The output's elements as something orjson writes as a flat JSON array."""
+    datatype = out.datatype
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"sending {datatype} data via JSON is not supported. Please use the binary data "
+            "format for output"
+        )
+    if datatype not in datatypes.WIRE_TYPES:
+        raise invalid_arg("Invalid data type for output tensor")
+    count = datatypes.element_count(out.shape)
+    mismatch = f"output tensor shape does not match size of output for '{out.name}'"
+
+    if datatype == "BYTES":
+        try:
+            elements = datatypes.deserialize_bytes(out.data, count)
+        except ValueError:
+            raise internal(mismatch) from None
+        try:
+            return [element.decode() for element in elements]
+        except UnicodeDecodeError:
+            # Triton writes such bytes into the JSON unchecked, producing a body that is not
+            # valid UTF-8 and that tritonclient fails to parse. A clear error is kinder.
+            raise invalid_arg(
+                f"output '{out.name}' holds BYTES that are not valid UTF-8 and cannot be "
+                "returned as JSON; request it with binary_data=true"
+            ) from None
+
+    dtype = _BOOL_BYTES if datatype == "BOOL" else datatypes.numpy_dtype(datatype)
+    if _nbytes(out.data) != count * dtype.itemsize:
+        raise internal(mismatch)
+    array = np.frombuffer(out.data, dtype)
+    return array != 0 if datatype == "BOOL" else array

@@ -1,0 +1,66 @@
+"""Transport-neutral inference requests and responses.
+
+The HTTP and gRPC codecs translate their wire formats to and from these; the dataplane and
+everything below it only ever see these. Tensor bytes are kept exactly as on the wire:
+little-endian, row-major, BYTES as 4-byte-length-prefixed elements, BF16 as raw 2-byte words.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+# Parameter values as Triton carries them: bool, int, float or str.
+Parameters = dict[str, Any]
+
+
+@dataclass(slots=True)
+class InputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    # Raw bytes of the tensor; None when the tensor lives in a client shared-memory region.
+    data: Optional[memoryview | bytes] = None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    # "" (or "-1") means: the version the model's version policy picks.
+    model_version: str = ""
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+    inputs: list[InputTensor] = field(default_factory=list)
+    # Empty: every output of the model config.
+    outputs: list[RequestedOutput] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: memoryview | bytes
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+    outputs: list[OutputTensor] = field(default_factory=list)
+    # Called by the transport once it has copied the output bytes onto the wire, so that
+    # shared-memory slots holding them can be reused. Must be called exactly once.
+    release: Optional[Callable[[], None]] = None
+
+    def done(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()

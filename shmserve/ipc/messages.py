@@ -1,0 +1,178 @@
+"""Control frames exchanged between the front and a worker.
+
+Each message is a named struct with a type tag; on the wire it is a msgpack array
+`[tag, field, ...]` (arrays rather than maps keep frames small and encoding cheap on the
+hot path). Tensors travel as `TensorRef`s whose location is either inline bytes or a slot
+`[arena, offset, nbytes]` in one of the two shared-memory arenas the front created for the
+worker.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+# Arena identifiers inside a slot location.
+INPUT_ARENA = 0  # written by the front, read by the worker
+OUTPUT_ARENA = 1  # written by the worker, read by the front
+
+INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE = range(1, 8)
+
+
+@dataclass(slots=True)
+class TensorRef:
+    name: str
+    datatype: str
+    shape: list
+    # bytes: inline data; tuple/list (arena, offset, nbytes): a slot in a shared arena.
+    location: Union[bytes, tuple, list]
+
+    def to_wire(self) -> list:
+        return [self.name, self.datatype, self.shape, self.location]
+
+    @staticmethod
+    def from_wire(w: list) -> "TensorRef":
+        return TensorRef(w[0], w[1], w[2], w[3])
+
+
+@dataclass(slots=True)
+class Init:
+    model_name: str
+    model_version: int
+    model_dir: str
+    model_repository: str
+    model_config: dict  # normalized config, rendered as Triton's JSON
+    instance_name: str
+    instance_kind: str  # "CPU" or "GPU"
+    device_id: int
+    input_arena: str
+    output_arena: str
+    inline_threshold: int
+
+    def to_wire(self) -> list:
+        return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
+                self.model_config, self.instance_name, self.instance_kind, self.device_id,
+                self.input_arena, self.output_arena, self.inline_threshold]
+
+    @staticmethod
+    def from_wire(w: list) -> "Init":
+        return Init(*w[1:])
+
+
+@dataclass(slots=True)
+class Ready:
+    error: str = ""  # empty when the model initialized
+
+    def to_wire(self) -> list:
+        return [READY, self.error]
+
+    @staticmethod
+    def from_wire(w: list) -> "Ready":
+        return Ready(w[1])
+
+
+@dataclass(slots=True)
+class RequestFrame:
+    request_id: str
+    correlation_id: Union[int, str]
+    flags: int
+    parameters: dict
+    inputs: list  # of TensorRef
+    requested_outputs: list  # of str
+
+    def to_wire(self) -> list:
+        return [self.request_id, self.correlation_id, self.flags, self.parameters,
+                [t.to_wire() for t in self.inputs], self.requested_outputs]
+
+    @staticmethod
+    def from_wire(w: list) -> "RequestFrame":
+        return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5])
+
+
+@dataclass(slots=True)
+class Execute:
+    batch_id: int
+    requests: list  # of RequestFrame
+
+    def to_wire(self) -> list:
+        return [EXECUTE, self.batch_id, [r.to_wire() for r in self.requests]]
+
+    @staticmethod
+    def from_wire(w: list) -> "Execute":
+        return Execute(w[1], [RequestFrame.from_wire(r) for r in w[2]])
+
+
+@dataclass(slots=True)
+class ResponseFrame:
+    error: Optional[list]  # [code name, message] or None
+    outputs: list  # of TensorRef
+    parameters: dict = field(default_factory=dict)
+
+    def to_wire(self) -> list:
+        return [self.error, [t.to_wire() for t in self.outputs], self.parameters]
+
+    @staticmethod
+    def from_wire(w: list) -> "ResponseFrame":
+        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2])
+
+
+@dataclass(slots=True)
+class Result:
+    batch_id: int
+    responses: list  # of ResponseFrame, one per request of the batch, in order
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+    def to_wire(self) -> list:
+        return [RESULT, self.batch_id, [r.to_wire() for r in self.responses],
+                self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns]
+
+    @staticmethod
+    def from_wire(w: list) -> "Result":
+        return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5])
+
+
+@dataclass(slots=True)
+class Release:
+    """Output-arena slots the front has finished copying out."""
+
+    offsets: list
+
+    def to_wire(self) -> list:
+        return [RELEASE, self.offsets]
+
+    @staticmethod
+    def from_wire(w: list) -> "Release":
+        return Release(w[1])
+
+
+@dataclass(slots=True)
+class Shutdown:
+    def to_wire(self) -> list:
+        return [SHUTDOWN]
+
+    @staticmethod
+    def from_wire(w: list) -> "Shutdown":
+        return Shutdown()
+
+
+@dataclass(slots=True)
+class Bye:
+    def to_wire(self) -> list:
+        return [BYE]
+
+    @staticmethod
+    def from_wire(w: list) -> "Bye":
+        return Bye()
+
+
+_BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
+           SHUTDOWN: Shutdown, BYE: Bye}
+
+
+def from_wire(w: list) -> Any:
+    """Decode a frame's msgpack array into its message; ValueError for unknown tags."""
+    try:
+        cls = _BY_TAG[w[0]]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"unknown control frame {w[:1]!r}") from None
+    return cls.from_wire(w)

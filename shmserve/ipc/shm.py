@@ -1,0 +1,192 @@
+"""POSIX shared-memory segments mapped into this process, and the names the server gives its own.
+
+The front creates every segment it uses and is the only one to unlink them; workers attach by
+name. posix_ipc is used directly rather than multiprocessing.shared_memory, whose resource
+tracker may unlink segments this process merely attached to.
+"""
+
+import mmap
+import os
+import re
+
+import posix_ipc
+
+_SERVER_PREFIX = "shmserve."
+# shmserve.<pid>.<tag>, as segment_name builds it (a pid never has a leading zero)
+_SERVER_NAME = re.compile(r"shmserve\.([1-9][0-9]*)\.[^/\x00]+")
+
+
+def _posix_name(name: str) -> str:
+    # glibc's shm_open skips every leading '/', so "//x" and "x" both open "/x"
+    bare = name.lstrip("/")
+    if not bare or "/" in bare or "\x00" in bare:
+        raise ValueError(f"invalid shared-memory name {name!r}")
+    return "/" + bare
+
+
+class Segment:
+    """A shared-memory object mapped read-write; `create` makes one, `attach` opens one."""
+
+    __slots__ = ("_name", "_size", "_mmap", "_buffer", "_owner")
+
+    def __init__(self, name: str, mapping: mmap.mmap, owner: bool) -> None:
+        self._name = name
+        self._size = len(mapping)
+        self._mmap: mmap.mmap | None = mapping
+        # Every view handed out is a slice of this one memoryview, so the mapping has a single
+        # export to account for when it is closed.
+        self._buffer: memoryview | None = memoryview(mapping)
+        self._owner = owner
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """Create a segment (FileExistsError if the name is taken), open to this user only."""
+        name = _posix_name(name)
+        if size <= 0:
+            raise ValueError(f"segment size must be positive, got {size}")
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        except posix_ipc.ExistentialError:
+            raise FileExistsError(f"shared-memory segment {name} already exists") from None
+        try:
+            mapping = mmap.mmap(shm.fd, size)
+        except BaseException:
+            shm.unlink()
+            raise
+        finally:
+            shm.close_fd()
+        return cls(name, mapping, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> "Segment":
+        """Map an existing segment whole (FileNotFoundError if there is none)."""
+        name = _posix_name(name)
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise FileNotFoundError(f"no shared-memory segment {name}") from None
+        except posix_ipc.PermissionsError as exc:
+            raise PermissionError(f"shared-memory segment {name}: {exc}") from None
+        try:
+            size = os.fstat(shm.fd).st_size
+            if size == 0:
+                # also what a reader sees between its creator's shm_open and ftruncate
+                raise ValueError(f"shared-memory segment {name} is empty")
+            mapping = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        return cls(name, mapping, owner=False)
+
+    @property
+    def name(self) -> str:
+        """The POSIX name, with its leading '/'."""
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def closed(self) -> bool:
+        return self._buffer is None
+
+    @property
+    def buffer(self) -> memoryview:
+        """A writable view of the whole mapping; the caller may release it when done."""
+        return self.view(0, self._size)
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """A writable view of `nbytes` at `offset`; ValueError when out of bounds or closed."""
+        buffer = self._buffer
+        if buffer is None:
+            raise ValueError(f"shared-memory segment {self._name} is closed")
+        if offset < 0 or nbytes < 0 or offset + nbytes > self._size:
+            raise ValueError(
+                f"range [{offset}, {offset}+{nbytes}) is outside segment {self._name} "
+                f"of {self._size} bytes"
+            )
+        return buffer[offset : offset + nbytes]
+
+    def close(self) -> None:
+        """Stop handing out views and unmap; safe to call again, and while views are alive.
+
+        Unmapping under a live view would turn its next access into a segfault, which is why
+        mmap.close raises BufferError while views exist. In that case the mapping is left to
+        them: each view keeps the mmap object alive, and when the last one is released or
+        collected the mmap object is freed and that unmaps. Nothing leaks for longer than the
+        caller's views live, and close never fails.
+        """
+        buffer, mapping = self._buffer, self._mmap
+        if buffer is None:
+            return
+        self._buffer = self._mmap = None
+        buffer.release()
+        try:
+            mapping.close()
+        except BufferError:
+            pass
+
+    def unlink(self) -> None:
+        """Remove the name (the creator's job); mappings stay valid. A missing name is fine."""
+        if not self._owner:
+            raise RuntimeError(f"segment {self._name} was attached here; its creator unlinks it")
+        try:
+            posix_ipc.unlink_shared_memory(self._name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def __enter__(self) -> "Segment":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def segment_name(server_pid: int, tag: str) -> str:
+    """The name of a segment owned by the server process `server_pid`: /shmserve.<pid>.<tag>."""
+    if server_pid <= 0:
+        raise ValueError(f"invalid server pid {server_pid}")
+    if not tag or "/" in tag or "\x00" in tag:
+        raise ValueError(f"invalid segment tag {tag!r}")
+    return f"/{_SERVER_PREFIX}{server_pid}.{tag}"
+
+
+def is_server_segment(key: str) -> bool:
+    """Whether a name a client gave us opens a segment some shmserve server owns."""
+    return _SERVER_NAME.fullmatch(key.lstrip("/")) is not None
+
+
+def sweep_dead_segments(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink the segments of shmserve servers that no longer run; returns their POSIX names.
+
+    A pid reused by an unrelated process keeps its dead server's segments until that process
+    exits too: the sweep errs on the side of leaking, never of removing a live server's memory.
+    It cannot tell pids of another pid namespace sharing this shm_dir, so containers that share
+    /dev/shm must not share it with a server in a different pid namespace.
+    """
+    removed = []
+    with os.scandir(shm_dir) as entries:
+        for entry in entries:
+            match = _SERVER_NAME.fullmatch(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            if _pid_alive(int(match.group(1))):
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:  # its server or another sweep got there first
+                continue
+            removed.append("/" + entry.name)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OverflowError:  # cannot be a pid, so no server of ours made this name: leave it
+        return True
+    return True

@@ -1,0 +1,93 @@
+"""The loaded models: (name, version) -> config, signature, scheduler and instance pool."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from shmserve.errors import Code, ServerError
+from shmserve.signature import ModelSignature
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: int
+    config: object  # normalized inference.ModelConfig
+    config_json: dict  # the config as the /config endpoint renders it
+    signature: ModelSignature
+    platform: str
+    state: str = LOADING
+    reason: str = ""
+    pool: object = None
+    scheduler: object = None
+    stats: object = None
+    load_seconds: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY and (self.pool is None or self.pool.ready)
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    versions: dict = field(default_factory=dict)  # int -> ModelVersion
+    # Why the model as a whole could not load (a bad config, say); "" when it did.
+    reason: str = ""
+
+
+class Registry:
+    def __init__(self):
+        self.models: dict[str, ModelRecord] = {}
+
+    def record(self, name: str) -> ModelRecord:
+        rec = self.models.get(name)
+        if rec is None:
+            rec = self.models[name] = ModelRecord(name)
+        return rec
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The ready version a request addresses; raises Triton's NOT_FOUND/UNAVAILABLE.
+
+        No version (or -1) means the highest ready version.
+        """
+        mv = self.find(name, version)
+        if mv is None:
+            raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+        if not mv.ready:
+            if version in ("", "-1"):
+                raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
+            raise ServerError(Code.UNAVAILABLE, f"Request for unknown model: '{name}' version {mv.version} is not at ready state")
+        return mv
+
+    def find(self, name: str, version: str = "") -> Optional[ModelVersion]:
+        """The version addressed, ready or not; None for a known model without versions
+        (one whose config could not be read)."""
+        rec = self.models.get(name)
+        if rec is None:
+            raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+        if not rec.versions:
+            return None
+        if version in ("", "-1"):
+            ready = [v for v in rec.versions.values() if v.ready]
+            return max(ready or rec.versions.values(), key=lambda v: v.version)
+        try:
+            number = int(version)
+        except ValueError:
+            raise ServerError(Code.INVALID_ARG, f"failed to parse model version '{version}' for model '{name}'") from None
+        mv = rec.versions.get(number)
+        if mv is None:
+            raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {number} is not found")
+        return mv
+
+    def all_versions(self):
+        for rec in self.models.values():
+            yield from rec.versions.values()
+
+    def all_ready(self) -> bool:
+        return all(not rec.reason for rec in self.models.values()) and all(
+            v.ready for v in self.all_versions())

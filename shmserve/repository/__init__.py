@@ -1,0 +1,1 @@
+"""The model repository on disk: model and version directories, version policies."""

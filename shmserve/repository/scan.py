@@ -1,0 +1,64 @@
+"""What a model repository holds: model directories, their version directories, and which
+versions a version policy selects."""
+
+import os
+from dataclasses import dataclass
+
+from shmserve.proto import ModelVersionPolicy
+
+CONFIG_FILE = "config.pbtxt"
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    name: str
+    path: str
+    # Numeric subdirectories, ascending.
+    versions: list[int]
+
+
+def scan_repository(root: str) -> list[ModelEntry]:
+    """Every model directory under `root` (one with a config.pbtxt or a version directory),
+    by name. Hidden entries and plain files are skipped."""
+    entries = []
+    with os.scandir(root) as children:
+        for child in children:
+            if child.name.startswith(".") or not child.is_dir():
+                continue
+            versions = version_dirs(child.path)
+            if versions or os.path.isfile(os.path.join(child.path, CONFIG_FILE)):
+                entries.append(ModelEntry(child.name, child.path, versions))
+    entries.sort(key=lambda entry: entry.name)
+    return entries
+
+
+def version_dirs(model_dir: str) -> list[int]:
+    """Numeric subdirectory names of a model directory, ascending. As in Triton, a name with
+    a leading zero ("01") is not a version, while "0" is."""
+    versions = []
+    with os.scandir(model_dir) as children:
+        for child in children:
+            name = child.name
+            if (name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
+                    and child.is_dir()):
+                versions.append(int(name))
+    versions.sort()
+    return versions
+
+
+def select_versions(policy: ModelVersionPolicy,
+                    available: list[int]) -> tuple[list[int], list[int]]:
+    """(versions to load, versions the policy names that are absent), both ascending.
+
+    latest{n}: the n highest; specific: those listed; all (or no choice): every version.
+    Triton loads what exists of a specific list and reports the rest as unavailable.
+    """
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "latest":
+        count = policy.latest.num_versions
+        return (sorted(available)[-count:] if count else []), []
+    if choice == "specific":
+        wanted = set(policy.specific.versions)
+        present = set(available)
+        return sorted(wanted & present), sorted(wanted - present)
+    return sorted(available), []

@@ -1,0 +1,92 @@
+"""Per-model-version counters behind the statistics extension and the Prometheus metrics.
+
+Recording is a handful of integer additions on the event loop; the metrics endpoint reads
+these at scrape time, so the hot path never touches prometheus_client.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    # Failures by Triton's metric reason: REJECTED, CANCELED, BACKEND, OTHER.
+    failures: dict = field(default_factory=dict)
+    batches: dict = field(default_factory=dict)  # batch size -> BatchStats
+    pending: int = 0
+
+    def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,
+                       compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int,
+                       executions: int = 1) -> None:
+        self.inference_count += batch_size
+        self.execution_count += executions
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(compute_input_ns)
+        self.compute_infer.add(compute_infer_ns)
+        self.compute_output.add(compute_output_ns)
+        if executions:
+            b = self.batches.get(batch_size)
+            if b is None:
+                b = self.batches[batch_size] = BatchStats()
+            b.compute_input.add(compute_input_ns)
+            b.compute_infer.add(compute_infer_ns)
+            b.compute_output.add(compute_output_ns)
+
+    def record_failure(self, request_ns: int, reason: str) -> None:
+        self.fail.add(request_ns)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+
+def stats_json(mv, s: ModelStats) -> dict:
+    """The statistics extension's JSON for one model version (numbers as JSON numbers)."""
+    def d(x):
+        return {"count": x.count, "ns": x.ns}
+
+    zero = {"count": 0, "ns": 0}
+    return {
+        "name": mv.name,
+        "version": str(mv.version),
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
+            "compute_input": d(s.compute_input), "compute_infer": d(s.compute_infer),
+            "compute_output": d(s.compute_output), "cache_hit": zero, "cache_miss": zero,
+        },
+        "response_stats": {},
+        "batch_stats": [
+            {"batch_size": size, "compute_input": d(b.compute_input),
+             "compute_infer": d(b.compute_infer), "compute_output": d(b.compute_output)}
+            for size, b in sorted(s.batches.items())
+        ],
+        "memory_usage": [],
+    }

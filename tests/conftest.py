@@ -1,0 +1,154 @@
+"""Shared fixtures: a real shmserve subprocess on free 127.0.0.1 ports, and leak checks."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHM_DIR = "/dev/shm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_entries() -> set:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith("shmserve.")}
+    except FileNotFoundError:
+        return set()
+
+
+def children_of(pid: int) -> set:
+    out = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.update(int(x) for x in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: str
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def workers(self) -> set:
+        return children_of(self.process.pid)
+
+
+def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0) -> RunningServer:
+    ports = [free_port() for _ in range(3)]
+    cmd = [sys.executable, "-m", "shmserve.cli", "--model-repository", repo,
+           "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+           "--metrics-address", "127.0.0.1", "--http-port", str(ports[0]),
+           "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra]
+    log = open(log_path, "wb")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    log.close()
+    server = RunningServer(proc, *ports, log_path)
+    deadline = time.monotonic() + timeout
+    pending = list(wait_models)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"shmserve exited with {proc.returncode}:\n{server.log()}")
+        try:
+            urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1)
+            while pending:
+                urllib.request.urlopen(
+                    f"http://{server.http_url}/v2/models/{pending[0]}/ready", timeout=1)
+                pending.pop(0)
+            return server
+        except OSError:
+            time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError(f"shmserve did not become ready:\n{server.log()}")
+
+
+def stop_server(server: RunningServer, timeout: float = 30.0) -> None:
+    """SIGTERM the server we started (by its PID) and check it took its workers along."""
+    workers = server.workers()
+    proc = server.process
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            for pid in workers:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"shmserve did not stop on SIGTERM:\n{server.log()}")
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in workers if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes outlived the server: {left}"
+
+
+@pytest.fixture(scope="session")
+def test_repository(tmp_path_factory) -> str:
+    """The bundled examples and the test models, side by side in one repository."""
+    repo = tmp_path_factory.mktemp("repository")
+    for folder in ("model_repository", os.path.join("tests", "models")):
+        base = os.path.join(ROOT, folder)
+        for name in sorted(os.listdir(base)):
+            path = os.path.join(base, name)
+            if os.path.isdir(path) and not name.startswith((".", "_")):
+                os.symlink(path, repo / name)
+    return str(repo)
+
+
+@pytest.fixture(scope="session")
+def server(test_repository, tmp_path_factory):
+    log_path = str(tmp_path_factory.mktemp("logs") / "shmserve.log")
+    srv = start_server(test_repository, log_path,
+                       wait_models=("add_sub", "identity_fp32", "string_echo", "echo_all"))
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments():
+    before = shm_entries()
+    yield
+    leaked = shm_entries() - before
+    assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"

@@ -1,0 +1,147 @@
+"""Bad input gets Triton's status and message, and the server goes on serving."""
+
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+HTTP_STATUS = {"INVALID_ARG": "400", "NOT_FOUND": "404", "INTERNAL": "500"}
+GRPC_STATUS = {"INVALID_ARG": "StatusCode.INVALID_ARGUMENT", "NOT_FOUND": "StatusCode.NOT_FOUND",
+               "INTERNAL": "StatusCode.INTERNAL"}
+
+
+@pytest.fixture(scope="module")
+def clients(server):
+    made = {"http": httpclient.InferenceServerClient(server.http_url),
+            "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
+    yield made
+    for c in made.values():
+        c.close()
+
+
+def _mod(protocol):
+    return httpclient if protocol == "http" else grpcclient
+
+
+def _inp(protocol, name, arr, dtype=None):
+    mod = _mod(protocol)
+    inp = mod.InferInput(name, list(arr.shape), dtype or "FP32")
+    inp.set_data_from_numpy(arr)
+    return inp
+
+
+def _still_serving(client, protocol):
+    a = np.ones(4, np.float32)
+    r = client.infer("add_sub", [_inp(protocol, "INPUT0", a), _inp(protocol, "INPUT1", a)])
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a * 2)
+
+
+def _expect(client, protocol, code, fragment, model, inputs, **kw):
+    with pytest.raises(InferenceServerException) as e:
+        client.infer(model, inputs, **kw)
+    status = HTTP_STATUS[code] if protocol == "http" else GRPC_STATUS[code]
+    assert e.value.status() == status, e.value.message()
+    assert fragment in e.value.message()
+    _still_serving(client, protocol)
+    return e.value.message()
+
+
+F4 = np.ones(4, np.float32)
+
+CASES = {
+    "unknown model": ("NOT_FOUND", "Request for unknown model: 'nope' is not found", "nope",
+                      lambda p: [_inp(p, "INPUT0", F4)], {}),
+    "unknown version": ("NOT_FOUND", "version 9 is not found", "add_sub",
+                        lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4)],
+                        {"model_version": "9"}),
+    "missing input": ("INVALID_ARG", "missing required input(s) ['INPUT1']", "add_sub",
+                      lambda p: [_inp(p, "INPUT0", F4)], {}),
+    "extra input": ("INVALID_ARG", "unexpected inference input 'INPUT9' for model 'add_sub'", "add_sub",
+                    lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4), _inp(p, "INPUT9", F4)], {}),
+    "wrong datatype": ("INVALID_ARG", "data-type is 'INT32', but model 'add_sub' expects 'FP32'", "add_sub",
+                       lambda p: [_inp(p, "INPUT0", np.ones(4, np.int32), "INT32"), _inp(p, "INPUT1", F4)], {}),
+    "wrong shape": ("INVALID_ARG", "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [4], got [5]",
+                    "add_sub", lambda p: [_inp(p, "INPUT0", np.ones(5, np.float32)), _inp(p, "INPUT1", F4)], {}),
+    "batch too large": ("INVALID_ARG", "inference request batch-size must be <= 8 for 'identity_fp32'",
+                        "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((9, 2), np.float32))], {}),
+    "unknown output": ("INVALID_ARG", "unexpected inference output 'OUTPUT7' for model 'add_sub'", "add_sub",
+                       lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4)],
+                       {"outputs": "OUTPUT7"}),
+    "model raises": ("INTERNAL", "raiser always fails", "raiser",
+                     lambda p: [_inp(p, "INPUT0", F4)], {}),
+    "model error response": ("INVALID_ARG", "bad thing", "error_response",
+                             lambda p: [_inp(p, "INPUT0", F4)], {}),
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_request(clients, protocol, case):
+    code, fragment, model, inputs, kw = CASES[case]
+    if "outputs" in kw:
+        kw = dict(kw, outputs=[_mod(protocol).InferRequestedOutput(kw["outputs"])])
+    msg = _expect(clients[protocol], protocol, code, fragment, model, inputs(protocol), **kw)
+    if case == "model raises":
+        assert msg.startswith("Failed to process the request(s) for model")
+        assert "raiser_0_0" in msg
+
+
+def test_batch_error_names_the_request(clients):
+    with pytest.raises(InferenceServerException) as e:
+        clients["http"].infer("identity_fp32", [_inp("http", "INPUT0", np.ones((9, 2), np.float32))])
+    assert e.value.message().startswith("[request id: <id_unknown>] inference request batch-size")
+
+
+def _post(server, path, body: bytes, headers=None):
+    req = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method="POST",
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_malformed_json(server, clients):
+    status, body = _post(server, "/v2/models/add_sub/infer", b"{not json")
+    assert status == 400 and b"error" in body
+    _still_serving(clients["http"], "http")
+
+
+def test_http_bad_binary_header(server, clients):
+    for value in ("abc", "-1", "999999"):
+        status, body = _post(server, "/v2/models/add_sub/infer", b"{}",
+                             {"Inference-Header-Content-Length": value})
+        assert status == 400, (value, body)
+    _still_serving(clients["http"], "http")
+
+
+def test_http_byte_size_mismatch(server, clients):
+    header = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","parameters":{"binary_data_size":12}},'
+              b'{"name":"INPUT1","shape":[4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}')
+    status, body = _post(server, "/v2/models/add_sub/infer", header + bytes(28),
+                         {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 400 and b"byte size" in body, body
+    _still_serving(clients["http"], "http")
+
+
+def test_http_data_and_binary_size_together(server, clients):
+    header = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4],'
+              b'"parameters":{"binary_data_size":16}},'
+              b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    status, body = _post(server, "/v2/models/add_sub/infer", header + bytes(16),
+                         {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 400, body
+    _still_serving(clients["http"], "http")
+
+
+def test_http_json_element_count_mismatch(server, clients):
+    body = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3]},'
+            b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    status, out = _post(server, "/v2/models/add_sub/infer", body)
+    assert status == 400, out
+    _still_serving(clients["http"], "http")

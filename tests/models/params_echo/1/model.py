@@ -1,0 +1,19 @@
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUTPUT0 = INPUT0; PARAMS = request.parameters() (a JSON string); REQUEST_ID = request.request_id()."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            params = request.parameters().encode()
+            request_id = request.request_id().encode()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", data),
+                pb_utils.Tensor("PARAMS", np.array([params], dtype=np.object_)),
+                pb_utils.Tensor("REQUEST_ID", np.array([request_id], dtype=np.object_)),
+            ]))
+        return responses

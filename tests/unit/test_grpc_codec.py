@@ -1,0 +1,295 @@
+"""gRPC infer codec against the messages tritonclient really builds and reads."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.grpc._utils import _get_inference_request
+from tritonclient.utils import serialize_byte_tensor
+
+from shmserve import proto
+from shmserve.errors import Code, ServerError
+from shmserve.grpc.codec import (
+    decode_model_infer_request,
+    encode_model_infer_response,
+    parameters_from_proto,
+    parameters_to_proto,
+)
+from shmserve.inference import InferResponse, OutputTensor
+
+SAMPLES = {
+    "BOOL": np.array([[True, False, True], [False, False, True]]),
+    "UINT8": np.array([[0, 7, 255]], dtype=np.uint8),
+    "UINT16": np.array([[0, 7, 65535]], dtype=np.uint16),
+    "UINT32": np.array([[0, 7, 2**32 - 1]], dtype=np.uint32),
+    "UINT64": np.array([[0, 7, 2**64 - 1]], dtype=np.uint64),
+    "INT8": np.array([[-128, 0, 127]], dtype=np.int8),
+    "INT16": np.array([[-32768, 0, 32767]], dtype=np.int16),
+    "INT32": np.array([[-(2**31), 0, 2**31 - 1]], dtype=np.int32),
+    "INT64": np.array([[-(2**63), 0, 2**63 - 1]], dtype=np.int64),
+    "FP16": np.array([[0.5, -1.25, 65504.0]], dtype=np.float16),
+    "FP32": np.array([[0.1, -2.5, 3.4e38], [1e-30, 0.0, 7.0]], dtype=np.float32),
+    "FP64": np.array([[0.1, -2.5, 1e300]], dtype=np.float64),
+    "BF16": np.array([[0.5, -1.25, 3.0]], dtype=ml_dtypes.bfloat16),
+    "BYTES": np.array([[b"abc", b"", b"\xff\x00x"]], dtype=np.object_),
+}
+TYPED_FIELDS = {
+    "BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+    "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
+    "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def wire_bytes(datatype):
+    array = SAMPLES[datatype]
+    if datatype == "BYTES":
+        return serialize_byte_tensor(array).item()
+    return array.tobytes()
+
+
+def make_input(name, datatype):
+    tensor = grpcclient.InferInput(name, list(SAMPLES[datatype].shape), datatype)
+    tensor.set_data_from_numpy(SAMPLES[datatype])
+    return tensor
+
+
+def client_request(inputs, outputs=None, request_id="", sequence_id=0, sequence_start=False,
+                   sequence_end=False, priority=0, timeout=None, parameters=None):
+    return _get_inference_request("m", inputs, "2", request_id, outputs, sequence_id,
+                                  sequence_start, sequence_end, priority, timeout, parameters)
+
+
+def decode(client_msg):
+    """Over the wire: serialized by tritonclient's classes, parsed by ours."""
+    return decode_model_infer_request(proto.ModelInferRequest.FromString(client_msg.SerializeToString()))
+
+
+def invalid(client_msg):
+    with pytest.raises(ServerError) as info:
+        decode(client_msg)
+    assert info.value.code is Code.INVALID_ARG
+    return info.value.message
+
+
+def typed_request(datatype, field, values, shape):
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    tensor = msg.inputs.add(name="x", datatype=datatype, shape=shape)
+    getattr(tensor.contents, field).extend(values)
+    return msg
+
+
+# ---------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("datatype", list(SAMPLES))
+def test_raw_input_every_datatype(datatype):
+    request = decode(client_request([make_input("x", datatype)]))
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("x", datatype, list(SAMPLES[datatype].shape))
+    assert bytes(tensor.data) == wire_bytes(datatype)
+    assert tensor.parameters == {}
+
+
+@pytest.mark.parametrize("datatype", list(TYPED_FIELDS))
+def test_typed_contents_every_datatype(datatype):
+    array = SAMPLES[datatype]
+    values = array.reshape(-1).tolist()
+    request = decode(typed_request(datatype, TYPED_FIELDS[datatype], values, list(array.shape)))
+    assert bytes(request.inputs[0].data) == wire_bytes(datatype)
+
+
+def test_empty_typed_contents_are_zero_bytes():
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="x", datatype="FP32", shape=[0]).contents.SetInParent()
+    assert bytes(decode(msg).inputs[0].data) == b""
+
+
+def test_shared_memory_inputs_take_no_raw_entry():
+    shm = grpcclient.InferInput("s", [4], "FP32")
+    shm.set_shared_memory("region", 16, offset=64)
+    request = decode(client_request([make_input("a", "INT32"), shm, make_input("b", "BYTES")]))
+    a, s, b = request.inputs
+    assert bytes(a.data) == wire_bytes("INT32") and bytes(b.data) == wire_bytes("BYTES")
+    assert s.data is None
+    assert s.parameters == {"shared_memory_region": "region", "shared_memory_byte_size": 16,
+                            "shared_memory_offset": 64}
+
+
+def test_request_fields_and_parameters():
+    outputs = [grpcclient.InferRequestedOutput("o"), grpcclient.InferRequestedOutput("c", class_count=2)]
+    shm_out = grpcclient.InferRequestedOutput("s")
+    shm_out.set_shared_memory("out", 32)
+    msg = client_request(
+        [make_input("a", "FP32")], outputs=outputs + [shm_out], request_id="r9", sequence_id="corr",
+        sequence_start=True, sequence_end=True, priority=5, timeout=100,
+        parameters={"flag": False, "n": -3, "ratio": 0.25, "s": "v"},
+    )
+    msg.parameters["triton_enable_empty_final_response"].bool_param = True
+    request = decode(msg)
+    assert (request.model_name, request.model_version, request.id) == ("m", "2", "r9")
+    assert request.parameters == {
+        "sequence_id": "corr", "sequence_start": True, "sequence_end": True, "priority": 5,
+        "timeout": 100, "flag": False, "n": -3, "ratio": 0.25, "s": "v",
+        "triton_enable_empty_final_response": True,
+    }
+    assert [(o.name, o.parameters) for o in request.outputs] == [
+        ("o", {}), ("c", {"classification": 2}),
+        ("s", {"shared_memory_region": "out", "shared_memory_byte_size": 32}),
+    ]
+
+
+# ---------------------------------------------------------------- decode errors
+
+
+def test_reserved_triton_parameter():
+    msg = client_request([make_input("a", "FP32")])
+    msg.parameters["triton_other"].bool_param = True
+    assert invalid(msg).startswith("parameter keys starting with 'triton_' are reserved")
+
+
+def test_parameter_without_value():
+    msg = client_request([make_input("a", "FP32")])
+    msg.parameters["empty"].SetInParent()
+    assert "'empty'" in invalid(msg)
+
+
+def test_too_few_raw_entries():
+    msg = client_request([make_input("a", "FP32"), make_input("b", "INT8")])
+    del msg.raw_input_contents[1]
+    assert invalid(msg) == "unable to find data for input tensor 'b' for model 'm' in request."
+
+
+def test_too_many_raw_entries():
+    msg = client_request([make_input("a", "FP32")])
+    msg.raw_input_contents.append(b"\x00")
+    assert invalid(msg) == (
+        "expected 1 raw_input_contents entries (one per input not in shared memory) "
+        "but got 2 for model 'm'"
+    )
+
+
+def test_raw_and_typed_contents_do_not_mix():
+    msg = client_request([make_input("a", "FP32")])
+    msg.inputs.add(name="b", datatype="INT32", shape=[1]).contents.int_contents.append(1)
+    assert invalid(msg) == (
+        "contents field must not be specified when using raw_input_contents for 'b' for model 'm'"
+    )
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_must_be_raw(datatype):
+    message = invalid(typed_request(datatype, "fp32_contents", [1.0], [1]))
+    assert message == (
+        f"unexpected explicit tensor data for input tensor 'x' for model 'm' of type 'FP32', "
+        f"expected datatype '{datatype}'"
+    )
+
+
+def test_typed_contents_of_another_type():
+    assert "of type 'INT64', expected datatype 'INT32'" in invalid(
+        typed_request("INT32", "int64_contents", [1], [1]))
+
+
+def test_two_typed_fields():
+    msg = typed_request("FP32", "fp32_contents", [1.0], [1])
+    msg.inputs[0].contents.fp64_contents.append(1.0)
+    assert invalid(msg).endswith("binary data was already supplied.")
+
+
+def test_shared_memory_input_with_contents():
+    msg = typed_request("FP32", "fp32_contents", [1.0], [1])
+    msg.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    assert invalid(msg).startswith("unexpected 'content' provided when using shared memory")
+
+
+def test_shared_memory_parameter_types():
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    tensor = msg.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    tensor.parameters["shared_memory_byte_size"].string_param = "4"
+    assert "'shared_memory_byte_size'" in invalid(msg)
+    tensor.parameters["shared_memory_byte_size"].int64_param = 4
+    tensor.parameters["shared_memory_region"].int64_param = 1
+    assert "'shared_memory_region'" in invalid(msg)
+
+
+def test_unknown_datatype_and_negative_shape():
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="x", datatype="FP8", shape=[1])
+    assert invalid(msg) == "invalid datatype 'FP8' for input 'x'"
+    msg.inputs[0].datatype = "FP32"
+    msg.inputs[0].shape[0] = -1
+    assert invalid(msg) == "invalid shape [-1] for input 'x'"
+
+
+# ---------------------------------------------------------------- encode
+
+
+def client_result(response):
+    """Over the wire: serialized by our classes, parsed by tritonclient's."""
+    wire = encode_model_infer_response(response).SerializeToString()
+    return grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(wire))
+
+
+def output(name, datatype, as_memoryview=False):
+    data = wire_bytes(datatype)
+    return OutputTensor(name, datatype, list(SAMPLES[datatype].shape),
+                        memoryview(data) if as_memoryview else data)
+
+
+@pytest.mark.parametrize("datatype", list(SAMPLES))
+def test_output_every_datatype(datatype):
+    result = client_result(InferResponse("m", "1", outputs=[output("o", datatype)]))
+    got, want = result.as_numpy("o"), SAMPLES[datatype]
+    assert got.shape == want.shape
+    if datatype == "BF16":
+        assert got.tobytes() == want.tobytes()
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_every_output_has_a_raw_entry_in_order():
+    outs = [
+        output("a", "FP32", as_memoryview=True),
+        OutputTensor("zero", "INT32", [0, 4], b""),
+        OutputTensor("in_shm", "FP32", [4], b""),
+        output("b", "BYTES"),
+    ]
+    msg = encode_model_infer_response(InferResponse("m", "1", outputs=outs))
+    assert [bytes(c) for c in msg.raw_output_contents] == [bytes(o.data) for o in outs]
+    result = client_result(InferResponse("m", "1", outputs=outs))
+    np.testing.assert_array_equal(result.as_numpy("a"), SAMPLES["FP32"])
+    np.testing.assert_array_equal(result.as_numpy("b"), SAMPLES["BYTES"])
+    assert result.as_numpy("zero").shape == (0, 4)
+
+
+def test_response_fields_and_parameters():
+    response = InferResponse("m", "4", id="r1", parameters={"triton_final_response": True, "n": 3},
+                             outputs=[OutputTensor("o", "UINT8", [1], b"\x05", parameters={"k": "v"})])
+    msg = encode_model_infer_response(response)
+    assert (msg.model_name, msg.model_version, msg.id) == ("m", "4", "r1")
+    assert msg.parameters["triton_final_response"].bool_param is True
+    assert msg.parameters["n"].int64_param == 3
+    assert (msg.outputs[0].name, msg.outputs[0].datatype, list(msg.outputs[0].shape)) == ("o", "UINT8", [1])
+    assert parameters_from_proto(msg.outputs[0].parameters) == {"k": "v"}
+
+
+def test_parameters_round_trip():
+    params = {"b": True, "i": -(2**63), "big": 2**64 - 1, "f": 1.5, "s": "x"}
+    msg = proto.ModelInferResponse()
+    parameters_to_proto(params, msg.parameters)
+    assert msg.parameters["b"].WhichOneof("parameter_choice") == "bool_param"
+    assert msg.parameters["i"].WhichOneof("parameter_choice") == "int64_param"
+    assert msg.parameters["big"].WhichOneof("parameter_choice") == "uint64_param"
+    assert msg.parameters["f"].WhichOneof("parameter_choice") == "double_param"
+    assert msg.parameters["s"].WhichOneof("parameter_choice") == "string_param"
+    assert parameters_from_proto(msg.parameters) == params
+
+
+@pytest.mark.parametrize("value", [b"bytes", [1], 2**64])
+def test_parameters_of_unsupported_value(value):
+    with pytest.raises(ServerError) as info:
+        parameters_to_proto({"p": value}, proto.ModelInferResponse().parameters)
+    assert info.value.code is Code.INTERNAL and "'p'" in info.value.message

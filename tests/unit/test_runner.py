@@ -1,0 +1,430 @@
+"""ModelRunner with small model.py files written into a temporary repository."""
+
+import importlib
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from shmserve.ipc import datatypes
+from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
+
+CONFIG = {
+    "name": "m",
+    "max_batch_size": 0,
+    "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [
+        {"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]},
+        {"name": "EXTRA", "data_type": "TYPE_INT32", "dims": [1]},
+    ],
+}
+
+DOUBLE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", x * 2),
+                pb_utils.Tensor("EXTRA", np.array([len(x)], dtype=np.int32)),
+            ]))
+        return responses
+"""
+
+
+@pytest.fixture
+def make_runner(tmp_path):
+    runners = []
+
+    def make(source, config=CONFIG, filename="model.py", files=None):
+        model_dir = tmp_path / config["name"]
+        (model_dir / "1").mkdir(parents=True)
+        (model_dir / "1" / filename).write_text(textwrap.dedent(source))
+        for name, text in (files or {}).items():
+            (model_dir / "1" / name).write_text(textwrap.dedent(text))
+        runner = ModelRunner(
+            model_name=config["name"], model_version=1, model_dir=str(model_dir),
+            model_config=config, instance_name=f"{config['name']}_0_0", instance_kind="CPU",
+            device_id=0, model_repository=str(model_dir),
+        )
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.finalize()
+
+
+def fp32_request(values, request_id="r", outputs=("OUT", "EXTRA"), buffer=None, **kwargs):
+    array = np.asarray(values, dtype=np.float32)
+    data = array.tobytes() if buffer is None else buffer
+    fields = dict(request_id=request_id, correlation_id=0, flags=0, parameters={},
+                  inputs=[RunnerInput("IN", "FP32", list(array.shape), data)],
+                  requested_output_names=list(outputs))
+    fields.update(kwargs)
+    return RunnerRequest(**fields)
+
+
+def run(runner, *requests):
+    responses, timings = runner.execute(list(requests))
+    assert len(responses) == len(requests)
+    assert min(timings.compute_input_ns, timings.compute_infer_ns,
+               timings.compute_output_ns) >= 0
+    return responses
+
+
+def outputs_of(response):
+    assert response.error is None, response.error
+    return {o.name: o for o in response.outputs}
+
+
+def assert_internal_error(response, instance, text):
+    assert response.outputs == []
+    code, message = response.error
+    assert code == "INTERNAL"
+    assert message.startswith(
+        f"Failed to process the request(s) for model instance '{instance}', message: ")
+    assert text in message, message
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def test_initialize_gets_triton_args(make_runner, tmp_path):
+    runner = make_runner("""
+        seen = {}
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                seen.update(args)
+
+            def execute(self, requests):
+                return [None for _ in requests]
+    """)
+    runner.initialize()
+    seen = importlib.import_module("1.model").seen
+    assert set(seen) == {"model_config", "model_instance_kind", "model_instance_name",
+                         "model_instance_device_id", "model_repository", "model_version",
+                         "model_name"}
+    assert all(isinstance(value, str) for value in seen.values())
+    assert json.loads(seen["model_config"]) == CONFIG
+    assert seen["model_instance_kind"] == "CPU" and seen["model_instance_name"] == "m_0_0"
+    assert seen["model_instance_device_id"] == "0" and seen["model_version"] == "1"
+    assert seen["model_name"] == "m" and seen["model_repository"] == str(tmp_path / "m")
+
+
+def test_model_is_imported_as_version_package(make_runner, tmp_path):
+    runner = make_runner("""
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        from .helper import FACTOR
+        import helper
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                assert __name__ == "1.model"
+                assert helper.FACTOR == FACTOR
+                self.model_dir = pb_utils.get_model_dir()
+
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.full(1, FACTOR, np.float32))]) for _ in requests]
+    """, files={"helper.py": "FACTOR = 3\n"})
+    runner.initialize()
+    out = outputs_of(run(runner, fp32_request([0]))[0])
+    assert out["OUT"].array.tolist() == [3.0]
+    assert runner._model.model_dir == str(tmp_path / "m" / "1")
+
+
+def test_default_model_filename(make_runner):
+    config = dict(CONFIG, name="custom", default_model_filename="net.py")
+    runner = make_runner(DOUBLE, config=config, filename="net.py")
+    runner.initialize()
+    assert outputs_of(run(runner, fp32_request([1]))[0])["OUT"].array.tolist() == [2.0]
+
+
+@pytest.mark.parametrize("source,message", [
+    ("class Other:\n    pass\n", "does not define class TritonPythonModel"),
+    ("raise ImportError('missing dependency')\n", "ImportError: missing dependency"),
+    ("class TritonPythonModel:\n    def initialize(self, args):\n        raise ValueError('bad')\n",
+     "Failed to initialize model instance 'm_0_0': ValueError: bad"),
+])
+def test_load_failures_raise_runner_error(make_runner, source, message):
+    with pytest.raises(RunnerError, match=message):
+        make_runner(source).initialize()
+
+
+def test_missing_model_file(make_runner):
+    runner = make_runner(DOUBLE, config=dict(CONFIG, default_model_filename="absent.py"))
+    with pytest.raises(RunnerError, match="Python model file not found"):
+        runner.initialize()
+
+
+def test_decoupled_models_are_refused_clearly(make_runner):
+    config = dict(CONFIG, model_transaction_policy={"decoupled": True})
+    with pytest.raises(RunnerError, match="decoupled"):
+        make_runner(DOUBLE, config=config).initialize()
+
+
+# --- execute ----------------------------------------------------------------------------------
+
+
+def test_batch_of_requests(make_runner):
+    runner = make_runner(DOUBLE)
+    runner.initialize()
+    first, second = run(runner, fp32_request([1, 2], "a"), fp32_request([3], "b"))
+    a = outputs_of(first)
+    assert a["OUT"].datatype == "FP32" and a["OUT"].shape == [2]
+    assert a["OUT"].array.tolist() == [2.0, 4.0]
+    assert a["EXTRA"].datatype == "INT32" and a["EXTRA"].array.tolist() == [2]
+    assert outputs_of(second)["OUT"].array.tolist() == [6.0]
+
+
+def test_outputs_not_requested_are_dropped(make_runner):
+    runner = make_runner(DOUBLE)
+    runner.initialize()
+    response = run(runner, fp32_request([1], outputs=["EXTRA"]))[0]
+    assert [o.name for o in response.outputs] == ["EXTRA"]
+
+
+def test_inputs_are_zero_copy_views(make_runner):
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+        seen = []
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                seen.extend(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                            for r in requests)
+                return [pb_utils.InferenceResponse() for _ in requests]
+    """)
+    runner.initialize()
+    buffer = bytearray(np.arange(6, dtype=np.float32).tobytes())
+    run(runner, fp32_request(np.zeros((2, 3)), buffer=memoryview(buffer)))
+    (array,) = importlib.import_module("1.model").seen
+    assert array.shape == (2, 3) and array.dtype == np.float32
+    assert np.shares_memory(array, np.frombuffer(buffer, dtype=np.uint8))
+    buffer[0:4] = np.float32(9).tobytes()
+    assert array[0, 0] == 9
+
+
+def test_bytes_and_bf16_round_trip(make_runner):
+    config = dict(CONFIG, input=[{"name": "S", "data_type": "TYPE_STRING", "dims": [-1]},
+                                 {"name": "H", "data_type": "TYPE_BF16", "dims": [-1]}],
+                  output=[{"name": "S_OUT", "data_type": "TYPE_STRING", "dims": [-1]},
+                          {"name": "H_OUT", "data_type": "TYPE_BF16", "dims": [-1]}])
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    s = pb_utils.get_input_tensor_by_name(request, "S").as_numpy()
+                    h = pb_utils.get_input_tensor_by_name(request, "H")
+                    responses.append(pb_utils.InferenceResponse([
+                        pb_utils.Tensor("S_OUT", s[::-1]),
+                        pb_utils.Tensor.from_dlpack("H_OUT", h.to_dlpack()),
+                    ]))
+                return responses
+    """, config=config)
+    runner.initialize()
+    bf16 = np.array([0x3F80, 0xC000], dtype=np.uint16)
+    request = RunnerRequest(
+        request_id="", correlation_id=0, flags=0, parameters={},
+        inputs=[RunnerInput("S", "BYTES", [2], datatypes.serialize_bytes([b"ab", b"c"])),
+                RunnerInput("H", "BF16", [2], bf16.tobytes())],
+        requested_output_names=["S_OUT", "H_OUT"])
+    out = outputs_of(run(runner, request)[0])
+    assert out["S_OUT"].datatype == "BYTES" and out["S_OUT"].array.dtype == np.object_
+    assert out["S_OUT"].array.tolist() == [b"c", b"ab"]
+    assert out["S_OUT"].array.flags.c_contiguous
+    assert out["H_OUT"].datatype == "BF16" and out["H_OUT"].array.dtype == np.uint16
+    assert out["H_OUT"].array.tolist() == bf16.tolist()
+
+
+def test_malformed_input_fails_only_its_request(make_runner):
+    runner = make_runner(DOUBLE)
+    runner.initialize()
+    bad = fp32_request([1, 2], "bad", buffer=b"\x00" * 7)
+    bad_response, good_response = run(runner, bad, fp32_request([5], "good"))
+    assert bad_response.error[0] == "INVALID_ARG" and "'IN'" in bad_response.error[1]
+    assert outputs_of(good_response)["OUT"].array.tolist() == [10.0]
+
+
+def test_async_execute(make_runner):
+    runner = make_runner("""
+        import asyncio
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            async def execute(self, requests):
+                await asyncio.sleep(0)
+                self.loop = asyncio.get_running_loop()
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))])
+                        for _ in requests]
+    """)
+    runner.initialize()
+    assert outputs_of(run(runner, fp32_request([0]))[0])["OUT"].array.tolist() == [1.0]
+    first_loop = runner._model.loop
+    run(runner, fp32_request([0]))
+    assert runner._model.loop is first_loop  # one loop for the life of the instance
+
+
+def test_exception_fails_every_request_of_the_batch(make_runner):
+    runner = make_runner("""
+        class TritonPythonModel:
+            def execute(self, requests):
+                raise RuntimeError("kaput")
+    """)
+    runner.initialize()
+    for response in run(runner, fp32_request([1], "a"), fp32_request([2], "b")):
+        assert_internal_error(response, "m_0_0", "RuntimeError: kaput")
+
+
+@pytest.mark.parametrize("returned,text", [
+    ("(pb_utils.InferenceResponse(),)", "Expected a list in the execute return"),
+    ("[]", "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:0"),
+    ("['oops']", "Expected an 'InferenceResponse' object"),
+])
+def test_malformed_return_fails_the_batch(make_runner, returned, text):
+    runner = make_runner(f"""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return {returned}
+    """)
+    runner.initialize()
+    assert_internal_error(run(runner, fp32_request([1]))[0], "m_0_0", text)
+
+
+def test_none_entry_is_an_error_for_that_request(make_runner):
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [None, pb_utils.InferenceResponse()]
+    """)
+    runner.initialize()
+    none_response, ok = run(runner, fp32_request([1], "a"), fp32_request([2], "b"))
+    assert_internal_error(none_response, "m_0_0", "execute returned None for request 'a'")
+    assert ok.error is None and ok.outputs == []
+
+
+def test_error_response_carries_code_and_message(make_runner):
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("bad value", pb_utils.TritonError.INVALID_ARG),
+                    parameters={"hint": "positive"}) for _ in requests]
+    """)
+    runner.initialize()
+    response = run(runner, fp32_request([1]))[0]
+    assert response.error == ("INVALID_ARG", "bad value") and response.outputs == []
+    assert response.parameters == {"hint": "positive"}
+
+
+def test_parameters_and_request_fields_reach_the_model(make_runner):
+    runner = make_runner("""
+        import json
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    params = json.loads(request.parameters())
+                    responses.append(pb_utils.InferenceResponse(parameters={
+                        "echo": params["text"], "count": params["n"],
+                        "id": request.request_id(), "corr": str(request.correlation_id()),
+                        "flags": request.flags()}))
+                return responses
+    """)
+    runner.initialize()
+    request = fp32_request([1], "req-9", parameters={"text": "hi", "n": 4},
+                           correlation_id="seq-1", flags=3)
+    response = run(runner, request)[0]
+    assert response.parameters == {"echo": "hi", "count": 4, "id": "req-9", "corr": "seq-1",
+                                   "flags": 3}
+
+
+def test_response_through_sender_for_non_decoupled_model(make_runner):
+    runner = make_runner("""
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for request in requests:
+                    sender = request.get_response_sender()
+                    out = pb_utils.Tensor("OUT", np.full(1, 5, np.float32))
+                    if request.request_id() == "split":
+                        sender.send(pb_utils.InferenceResponse([out]))
+                        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    else:
+                        sender.send(pb_utils.InferenceResponse([out]),
+                                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+    """)
+    runner.initialize()
+    for response in run(runner, fp32_request([0], "one"), fp32_request([0], "split")):
+        assert outputs_of(response)["OUT"].array.tolist() == [5.0]
+
+
+@pytest.mark.parametrize("body,text", [
+    ("sender.send(r); sender.send(r)", "cannot send more than one response"),
+    ("sender.send(flags=FINAL)", "cannot send complete final before sending a response"),
+    ("sender.send(r, FINAL); return [r]", "Response sender has been closed"),
+])
+def test_sender_misuse_fails_the_batch(make_runner, body, text):
+    runner = make_runner(f"""
+        import triton_python_backend_utils as pb_utils
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                sender = requests[0].get_response_sender()
+                r = pb_utils.InferenceResponse()
+                {body}
+    """)
+    runner.initialize()
+    assert_internal_error(run(runner, fp32_request([0]))[0], "m_0_0", text)
+
+
+def test_response_without_final_is_an_error(make_runner):
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                requests[0].get_response_sender().send(pb_utils.InferenceResponse())
+    """)
+    runner.initialize()
+    assert_internal_error(run(runner, fp32_request([0], "x"))[0], "m_0_0",
+                          "without TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+
+
+def test_finalize_is_called(make_runner, tmp_path):
+    marker = tmp_path / "finalized"
+    runner = make_runner(f"""
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+
+            async def finalize(self):
+                open({str(marker)!r}, "w").close()
+    """)
+    runner.initialize()
+    runner.finalize()
+    assert marker.exists()

@@ -1,0 +1,1 @@
+"""Worker side of shmserve: one process per model instance runs a Triton Python-backend model."""

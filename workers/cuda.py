@@ -1,0 +1,59 @@
+"""GPU arrays for workers, through cupy; the only module that imports cupy.
+
+Importing this module never imports cupy: each function imports it on first use, so CPU-only
+workers and machines without cupy or a GPU run unchanged.
+"""
+
+import functools
+import sys
+
+
+@functools.cache
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def device_count() -> int:
+    cupy = _cupy()
+    if cupy is None:
+        return 0
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return 0
+
+
+def available() -> bool:
+    return device_count() > 0
+
+
+def is_device_array(obj) -> bool:
+    # A cupy array can only exist once cupy has been imported, so never import it here.
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(obj, cupy.ndarray)
+
+
+def device_id(array) -> int:
+    return array.device.id
+
+
+def consumer_stream(device: int) -> int:
+    """The stream value a DLPack consumer on `device` passes to a producer's __dlpack__."""
+    cupy = _cupy()
+    with cupy.cuda.Device(device):
+        ptr = cupy.cuda.get_current_stream().ptr
+    # DLPack reserves 0; the legacy default stream is spelled 1.
+    return ptr or 1
+
+
+def from_dlpack(exporter):
+    """A cupy array viewing the device memory of an object with __dlpack__/__dlpack_device__."""
+    return _cupy().from_dlpack(exporter)
+
+
+def to_numpy(array):
+    return _cupy().asnumpy(array)

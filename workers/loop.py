@@ -1,0 +1,105 @@
+"""The worker's frame loop: frames in, frames out. Knows no models (that is runner.py).
+
+Inputs arrive inline or as slots of the input arena, which the model sees as zero-copy
+views. Outputs above the inline threshold are written into the output arena, whose slots
+this side allocates and the front hands back with `Release` once it has copied them out.
+"""
+
+import logging
+
+import numpy as np
+
+from shmserve.ipc import datatypes, messages
+from shmserve.ipc.allocator import ArenaAllocator
+from shmserve.ipc.shm import Segment
+from workers.runner import RunnerInput, RunnerRequest
+
+log = logging.getLogger("shmserve.worker")
+
+
+class WorkerLoop:
+    def __init__(self, channel, runner, init: messages.Init):
+        self._channel = channel
+        self._runner = runner
+        self._inline_threshold = init.inline_threshold
+        self._input_arena = Segment.attach(init.input_arena)
+        self._output_arena = Segment.attach(init.output_arena)
+        self._output_alloc = ArenaAllocator(self._output_arena.size)
+        self._output_buf = self._output_arena.buffer
+
+    def run(self) -> None:
+        """Serve frames until Shutdown or until the front goes away."""
+        try:
+            while True:
+                msg = self._channel.recv()
+                if msg is None:
+                    return  # the front is gone: nothing left to answer
+                if isinstance(msg, messages.Execute):
+                    self._execute(msg)
+                elif isinstance(msg, messages.Release):
+                    for offset in msg.offsets:
+                        self._output_alloc.free(offset)
+                elif isinstance(msg, messages.Shutdown):
+                    self._runner.finalize()
+                    self._channel.send(messages.Bye())
+                    return
+                else:
+                    raise ValueError(f"unexpected frame {type(msg).__name__}")
+        finally:
+            self._input_arena.close()
+            self._output_arena.close()
+
+    def _input_buffer(self, location):
+        if isinstance(location, bytes):
+            return location
+        _, offset, nbytes = location
+        return self._input_arena.view(offset, nbytes)
+
+    def _execute(self, msg: messages.Execute) -> None:
+        requests = [
+            RunnerRequest(
+                request_id=r.request_id,
+                correlation_id=r.correlation_id,
+                flags=r.flags,
+                parameters=r.parameters,
+                inputs=[RunnerInput(t.name, t.datatype, t.shape, self._input_buffer(t.location))
+                        for t in r.inputs],
+                requested_output_names=r.requested_outputs,
+            )
+            for r in msg.requests
+        ]
+        responses, timings = self._runner.execute(requests)
+        # The model may keep no reference to its inputs past execute (as in Triton), so the
+        # views are dropped here and the front may reuse the input slots.
+        del requests
+        frames = []
+        for resp in responses:
+            if resp.error is not None:
+                frames.append(messages.ResponseFrame(list(resp.error), [], resp.parameters))
+                continue
+            outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), self._place(o))
+                       for o in resp.outputs]
+            frames.append(messages.ResponseFrame(None, outputs, resp.parameters))
+        self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
+                                           timings.compute_infer_ns, timings.compute_output_ns))
+
+    def _place(self, out):
+        """Inline bytes for small outputs, else a slot in the output arena."""
+        arr = out.array
+        if out.datatype == "BYTES":
+            data = datatypes.serialize_bytes(arr.reshape(-1))
+            nbytes = len(data)
+        else:
+            data = None
+            nbytes = arr.nbytes
+        if nbytes <= self._inline_threshold:
+            return data if data is not None else arr.tobytes()
+        offset = self._output_alloc.alloc(nbytes)
+        if offset is None:  # arena full: correctness over speed
+            return data if data is not None else arr.tobytes()
+        dst = self._output_buf[offset:offset + nbytes]
+        if data is not None:
+            dst[:] = data
+        else:
+            np.copyto(np.frombuffer(dst, dtype=arr.dtype).reshape(arr.shape), arr)
+        return (messages.OUTPUT_ARENA, offset, nbytes)

@@ -1,0 +1,366 @@
+"""Runs one instance of a Triton Python-backend model on batches of requests; knows no IPC.
+
+The worker loop hands over requests whose inputs are raw wire bytes and gets back responses
+whose outputs are numpy arrays in wire layout, plus the compute timings Triton reports.
+The model is imported as Triton's Python backend imports it, with our `pb_utils` in its place.
+"""
+
+import asyncio
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from shmserve.ipc import datatypes
+from workers import cuda
+from workers import triton_python_backend_utils as pb_utils
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RunnerInput:
+    name: str
+    datatype: str
+    shape: list[int]
+    buffer: memoryview | bytes  # wire bytes: little-endian; BYTES length-prefixed; BF16 raw
+
+
+@dataclass(slots=True)
+class RunnerRequest:
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    parameters: dict
+    inputs: list[RunnerInput]
+    requested_output_names: list[str]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    name: str
+    datatype: str
+    shape: list[int]
+    array: np.ndarray  # C-contiguous; BYTES: object array; BF16: uint16 array
+
+
+@dataclass(slots=True)
+class RunnerResponse:
+    outputs: list[RunnerOutput]
+    error: tuple[str, str] | None  # (Triton error code name, message)
+    parameters: dict
+
+
+@dataclass(slots=True)
+class Timings:
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+class RunnerError(Exception):
+    """The model could not be loaded or initialized (or failed to finalize)."""
+
+
+class _ContractError(Exception):
+    """The model broke the execute() contract; reported, as in Triton, without an exception type."""
+
+
+class _SentResponse:
+    """Response-sender callback of a non-decoupled model: exactly one response, then FINAL."""
+
+    __slots__ = ("response", "final")
+
+    def __init__(self):
+        self.response = None
+        self.final = False
+
+    def __call__(self, response, flags):
+        if response is not None and self.response is not None:
+            raise pb_utils.TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if response is None and self.response is None:
+            raise pb_utils.TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send complete final before "
+                "sending a response."
+            )
+        if response is not None:
+            self.response = response
+        if flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.final = True
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        model_version: int,
+        model_dir: str,
+        model_config: dict,
+        instance_name: str,
+        instance_kind: str,
+        device_id: int,
+        model_repository: str,
+    ):
+        self._model_name = model_name
+        self._model_version = model_version
+        self._model_dir = model_dir
+        self._model_config = model_config
+        self._instance_name = instance_name
+        self._instance_kind = instance_kind
+        self._device_id = device_id
+        self._model_repository = model_repository
+        self._model = None
+        self._loop = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        if pb_utils.using_decoupled_model_transaction_policy(self._model_config):
+            raise RunnerError(
+                f"model '{self._model_name}' uses the decoupled transaction policy, which "
+                "shmserve does not support yet"
+            )
+        filename = self._model_config.get("default_model_filename") or "model.py"
+        stem, extension = os.path.splitext(filename)
+        if extension != ".py":
+            raise RunnerError(f"Model name must end with '.py'. Model name is \"{filename}\".")
+        version = str(self._model_version)
+        version_dir = os.path.join(self._model_dir, version)
+        path = os.path.join(version_dir, filename)
+        if not os.path.isfile(path):
+            raise RunnerError(f"Python model file not found in '{path}'")
+
+        pb_utils._set_model_context(model_dir=version_dir, instance_name=self._instance_name)
+        sys.modules["triton_python_backend_utils"] = pb_utils
+        for entry in (version_dir, self._model_dir):
+            if entry not in sys.path:
+                sys.path.append(entry)
+        try:
+            module = _import_model_module(version_dir, version, stem)
+        except Exception as exc:
+            _log.exception("importing '%s' failed", path)
+            raise RunnerError(f"failed to import '{path}': {_describe(exc)}") from exc
+        model_class = getattr(module, "TritonPythonModel", None)
+        if model_class is None:
+            raise RunnerError(f"'{path}' does not define class TritonPythonModel")
+        try:
+            self._model = model_class()
+            if hasattr(self._model, "initialize"):
+                self._complete(self._model.initialize(self._initialize_args()))
+        except Exception as exc:
+            _log.exception("initialize failed for model instance '%s'", self._instance_name)
+            raise RunnerError(
+                f"Failed to initialize model instance '{self._instance_name}': {_describe(exc)}"
+            ) from exc
+
+    def _initialize_args(self) -> dict:
+        return {
+            "model_config": json.dumps(self._model_config),
+            "model_instance_kind": self._instance_kind,
+            "model_instance_name": self._instance_name,
+            "model_instance_device_id": str(self._device_id),
+            "model_repository": self._model_repository,
+            "model_version": str(self._model_version),
+            "model_name": self._model_name,
+        }
+
+    def finalize(self) -> None:
+        try:
+            if self._model is not None and hasattr(self._model, "finalize"):
+                self._complete(self._model.finalize())
+        except Exception as exc:
+            raise RunnerError(
+                f"Failed to finalize model instance '{self._instance_name}': {_describe(exc)}"
+            ) from exc
+        finally:
+            self._model = None
+            self._stop_loop()
+
+    # --- coroutines --------------------------------------------------------------------------
+
+    def _complete(self, result):
+        """The value of `result`, running it to completion first if the model returned a coroutine.
+
+        Coroutines run on one event loop kept for the life of the instance, driven from the
+        calling thread: a handoff to a loop thread (as Triton does) costs several times more
+        per execute. Tasks a model spawns therefore progress only while a call is running.
+        """
+        if not inspect.iscoroutine(result):
+            return result
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(result)
+
+    def _stop_loop(self):
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    # --- execute -----------------------------------------------------------------------------
+
+    def execute(self, requests: list[RunnerRequest]) -> tuple[list[RunnerResponse], Timings]:
+        start = time.perf_counter_ns()
+        results: list[RunnerResponse | None] = [None] * len(requests)
+        batch = []  # (index in `requests`, pb_utils request, its sender callback)
+        for index, request in enumerate(requests):
+            try:
+                inputs = [_input_tensor(tensor) for tensor in request.inputs]
+            except ValueError as exc:
+                results[index] = _error_response("INVALID_ARG", str(exc))
+                continue
+            sent = _SentResponse()
+            pb_request = pb_utils.InferenceRequest._incoming(
+                model_name=self._model_name,
+                request_id=request.request_id,
+                correlation_id=request.correlation_id,
+                flags=request.flags,
+                timeout=0,
+                parameters=request.parameters,
+                inputs=inputs,
+                requested_output_names=request.requested_output_names,
+                sender=pb_utils.InferenceResponseSender(sent),
+            )
+            batch.append((index, pb_request, sent))
+        inputs_done = time.perf_counter_ns()
+
+        pb_requests = [pb_request for _, pb_request, _ in batch]
+        failure = None
+        if pb_requests:
+            try:
+                self._run_model(pb_requests)
+            except _ContractError as exc:
+                failure = str(exc)
+            except Exception as exc:
+                _log.exception("execute failed for model instance '%s'", self._instance_name)
+                failure = _describe(exc)
+            if failure is not None:
+                for pb_request in pb_requests:
+                    pb_request._sender._close()
+        infer_done = time.perf_counter_ns()
+
+        for index, pb_request, sent in batch:
+            if failure is not None:
+                results[index] = self._internal_error(failure)
+            else:
+                results[index] = self._collect(pb_request, sent)
+        done = time.perf_counter_ns()
+        return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done)
+
+    def _run_model(self, pb_requests):
+        if not hasattr(self._model, "execute"):
+            raise _ContractError(
+                f"Python model '{self._model_name}' does not implement `execute` method."
+            )
+        returned = self._complete(self._model.execute(pb_requests))
+        if returned is None:
+            return  # every request must have been answered through its response sender
+        if not isinstance(returned, list):
+            raise _ContractError(
+                f"Expected a list in the execute return, found type '{type(returned)}'."
+            )
+        if len(returned) != len(pb_requests):
+            raise _ContractError(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"objects. InferenceRequest(s) size is:{len(pb_requests)}, and "
+                f"InferenceResponse(s) size is:{len(returned)}"
+            )
+        for pb_request, response in zip(pb_requests, returned):
+            if response is None:
+                continue
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise _ContractError(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(response)}'."
+                )
+            # A returned response is the request's final response, as if sent with FINAL; the
+            # sender rejects it when the model already answered through the sender.
+            pb_request._sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _collect(self, pb_request, sent: _SentResponse) -> RunnerResponse:
+        if sent.response is None:
+            if pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                return self._internal_error(
+                    "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
+                    "supported by shmserve yet"
+                )
+            return self._internal_error(
+                f"execute returned None for request '{pb_request.request_id()}' and sent no "
+                "response through its response sender"
+            )
+        if not sent.final:
+            return self._internal_error(
+                f"the response for request '{pb_request.request_id()}' was sent without "
+                "TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+            )
+        return _runner_response(sent.response, pb_request._requested_output_names)
+
+    def _internal_error(self, message: str) -> RunnerResponse:
+        return _error_response(
+            "INTERNAL",
+            f"Failed to process the request(s) for model instance '{self._instance_name}', "
+            f"message: {message}",
+        )
+
+
+def _import_model_module(version_dir: str, version: str, stem: str):
+    # Triton imports "<version>.<stem>" with the model folder on sys.path, which makes the
+    # version folder a namespace package (model.py may use relative imports). Registering the
+    # package ourselves pins it to this model's folder whatever else sys.path holds, and a fresh
+    # package per load keeps an earlier model loaded in this process from shadowing this one.
+    for name in [n for n in sys.modules if n == version or n.startswith(version + ".")]:
+        del sys.modules[name]
+    spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
+    spec.submodule_search_locations = [version_dir]
+    sys.modules[version] = importlib.util.module_from_spec(spec)
+    return importlib.import_module(f"{version}.{stem}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _error_response(code: str, message: str) -> RunnerResponse:
+    return RunnerResponse(outputs=[], error=(code, message), parameters={})
+
+
+def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
+    """A pb_utils.Tensor over the wire bytes: a zero-copy view except for BYTES."""
+    try:
+        if tensor.datatype == "BYTES":
+            count = datatypes.element_count(tensor.shape)
+            array = np.empty(count, dtype=np.object_)
+            array[:] = datatypes.deserialize_bytes(tensor.buffer, count)
+            array = array.reshape(tensor.shape)
+        else:
+            dtype = datatypes.numpy_dtype(tensor.datatype)
+            array = np.frombuffer(tensor.buffer, dtype=dtype).reshape(tensor.shape)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(
+            f"input '{tensor.name}' ({tensor.datatype}, shape {tensor.shape}) does not match "
+            f"its bytes: {exc}"
+        ) from None
+    return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype)
+
+
+def _runner_response(response: pb_utils.InferenceResponse, requested: set) -> RunnerResponse:
+    if response.has_error():
+        error = response.error()
+        return RunnerResponse([], (error.code().name, error.message()), response._parameters)
+    outputs = []
+    for tensor in response.output_tensors():
+        if tensor._name not in requested:
+            continue
+        array = tensor._array if tensor._device_id is None else cuda.to_numpy(tensor._array)
+        outputs.append(RunnerOutput(tensor._name, tensor._datatype, list(array.shape), array))
+    return RunnerResponse(outputs, None, response._parameters)

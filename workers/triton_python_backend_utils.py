@@ -1,0 +1,866 @@
+"""shmserve's `triton_python_backend_utils` (imported by models as `pb_utils`).
+
+The API of Triton's Python backend module of the same name, written for shmserve: the runner puts
+this module in `sys.modules` under that name before it imports a model, so `model.py` files
+written for Triton run unchanged. Names, signatures, constants and error texts follow Triton.
+
+Tensors hold a numpy array (or a cupy array for GPU tensors made with `Tensor.from_dlpack`).
+BYTES tensors hold object arrays of bytes; BF16 tensors hold their bits as uint16 storage.
+The runner (workers/runner.py) is the backend side of these classes and reads their underscore
+attributes directly.
+"""
+
+import bisect
+import copy
+import enum
+import json
+import logging
+import sys
+import threading
+
+import numpy as np
+
+from shmserve.ipc import datatypes
+from workers import cuda, dlpack
+
+# --- constants --------------------------------------------------------------------------------
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class MemoryType(enum.IntEnum):
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+# --- type maps --------------------------------------------------------------------------------
+
+# Wire datatype name <-> TRITONSERVER_DataType number.
+_TYPE_NUMBERS = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5,
+    "INT8": 6, "INT16": 7, "INT32": 8, "INT64": 9,
+    "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}
+
+_NUMPY_TYPES = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64,
+    6: np.int8, 7: np.int16, 8: np.int32, 9: np.int64,
+    10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+_TRITON_TYPES = {np.dtype(t): n for n, t in _NUMPY_TYPES.items() if n != 13}
+
+TRITON_STRING_TO_NUMPY = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+
+def triton_string_to_numpy(triton_type_string):
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type):
+    """numpy type for a TRITONSERVER_DataType number; None for BF16 and unknown numbers."""
+    return _NUMPY_TYPES.get(data_type)
+
+
+def numpy_to_triton_type(data_type):
+    """TRITONSERVER_DataType number for a numpy type or dtype; None when there is none."""
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dtype.kind in "OS":
+        return _TYPE_NUMBERS["BYTES"]
+    return _TRITON_TYPES.get(dtype)
+
+
+def serialize_byte_tensor(input_tensor):
+    """BYTES wire encoding (4-byte little-endian length + bytes per element, C order).
+
+    Returns None when the array is not an object or bytes array.
+    """
+    if input_tensor.size == 0:
+        return b""
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
+    return datatypes.serialize_bytes(input_tensor.flat)
+
+
+def deserialize_bytes_tensor(encoded_tensor):
+    """1-D object array of the bytes elements in a BYTES-encoded buffer."""
+    values = datatypes.deserialize_bytes(encoded_tensor)
+    # np.array(list_of_bytes) would guess a dtype; filling an object array keeps each element.
+    array = np.empty(len(values), dtype=np.object_)
+    array[:] = values
+    return array
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class TritonModelException(Exception):
+    """The exception type models raise; also raised by this module for misuse."""
+
+
+class _ErrorCode(enum.IntEnum):
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+
+class TritonError:
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
+    def __init__(self, message, code=_ErrorCode.INTERNAL):
+        if message is None:
+            raise TypeError("TritonError message must not be None")
+        self._message = str(message)
+        self._code = _ErrorCode(code)
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+    def __repr__(self):
+        return f"TritonError({self._message!r}, code={self._code.name})"
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+
+def _check_tensor_name(name):
+    if not isinstance(name, str):
+        raise TypeError(f"Tensor name must be a str, found {type(name)}")
+    if name == "":
+        raise TritonModelException("Tensor name cannot be an empty string.")
+
+
+# Fast path for the fixed-size numpy dtypes (wire_from_numpy scans a table).
+_WIRE_TYPES = {
+    datatypes.numpy_dtype(name): name
+    for name in datatypes.WIRE_TYPES
+    if name not in ("BF16", "BYTES")
+}
+
+
+def _datatype_of(dtype: np.dtype) -> str:
+    datatype = _WIRE_TYPES.get(dtype)
+    if datatype is not None:
+        return datatype
+    try:
+        return datatypes.wire_from_numpy(dtype)
+    except ValueError:
+        raise TritonModelException(
+            f"numpy dtype {dtype} is not supported by Python backend tensors"
+        ) from None
+
+
+class Tensor:
+    __slots__ = ("_name", "_array", "_datatype", "_device_id")
+
+    def __init__(self, name, numpy_array):
+        _check_tensor_name(name)
+        array = np.asarray(numpy_array)
+        if array.dtype.kind in "SU":
+            array = array.astype(np.object_)
+        elif array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        datatype = _datatype_of(array.dtype)
+        # Triton makes tensors C-contiguous on construction: DLPack export and the wire need it.
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        self._name = name
+        self._array = array
+        self._datatype = datatype
+        self._device_id = None
+
+    @classmethod
+    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None) -> "Tensor":
+        """A tensor over an array already in wire layout (no checks, no copy): the runner's path."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._datatype = datatype
+        tensor._device_id = device_id
+        return tensor
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        if self._device_id is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._datatype == "BF16":
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
+                "from_dlpack() instead."
+            )
+        return self._array
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def triton_dtype(self):
+        return _TYPE_NUMBERS[self._datatype]
+
+    def is_cpu(self):
+        return self._device_id is None
+
+    def to_dlpack(self):
+        return self._capsule(None)
+
+    def __dlpack__(self, stream=None):
+        return self._capsule(stream)
+
+    def __dlpack_device__(self):
+        if self._device_id is None:
+            return (dlpack.KDL_CPU, 0)
+        return (dlpack.KDL_CUDA, self._device_id)
+
+    def _capsule(self, stream):
+        if self._datatype == "BYTES":
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        array = self._array
+        if self._device_id is not None:
+            capsule = array.__dlpack__(stream=stream)
+        else:
+            if not array.flags.writeable:
+                # Legacy DLPack cannot mark memory read-only, so numpy refuses to export it.
+                array = array.copy()
+            capsule = array.__dlpack__()
+        if self._datatype == "BF16":
+            dlpack.set_dtype(capsule, dlpack.KDL_BFLOAT, 16)
+        return capsule
+
+    @staticmethod
+    def from_dlpack(name, dlpack_tensor):
+        """A tensor sharing the memory of a DLPack capsule or of an object with __dlpack__."""
+        _check_tensor_name(name)
+        capsule = _capsule_of(dlpack_tensor)
+        device_type, device_id = dlpack.device(capsule)
+        bf16 = dlpack.dtype(capsule) == (dlpack.KDL_BFLOAT, 16, 1)
+        if bf16:
+            dlpack.set_dtype(capsule, dlpack.KDL_UINT, 16)
+        exporter = dlpack.CapsuleExporter(capsule, (device_type, device_id))
+        if device_type == dlpack.KDL_CUDA:
+            array = cuda.from_dlpack(exporter)
+        else:
+            array = np.from_dlpack(exporter)
+            device_id = None
+        if not array.flags.c_contiguous:
+            raise TritonModelException(
+                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
+                "in C-Order are supported."
+            )
+        datatype = "BF16" if bf16 else _datatype_of(array.dtype)
+        return Tensor._wrap(name, array, datatype, device_id)
+
+
+def _capsule_of(obj):
+    """The capsule for Tensor.from_dlpack; a producer is asked for one on the consumer's stream."""
+    if dlpack.is_capsule(obj):
+        device_type, device_id = dlpack.device(obj)
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type, device_id = obj.__dlpack_device__()
+    else:
+        raise TritonModelException(
+            "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+            "`__dlpack__` and `__dlpack_device__` attributes"
+        )
+    if device_type not in (dlpack.KDL_CPU, dlpack.KDL_CUDA_HOST, dlpack.KDL_CUDA):
+        raise TritonModelException(
+            f"DLDevice type {int(device_type)} is not support by Python backend."
+        )
+    if device_type == dlpack.KDL_CUDA and not cuda.available():
+        raise TritonModelException(
+            "DLPack capsule passed pointer to memory allocated on GPU device, when GPU is not "
+            "available"
+        )
+    if dlpack.is_capsule(obj):
+        return obj
+    if device_type == dlpack.KDL_CUDA:
+        return obj.__dlpack__(stream=cuda.consumer_stream(device_id))
+    return obj.__dlpack__(stream=None)
+
+
+# --- requests and responses -------------------------------------------------------------------
+
+
+def _parameters_dict(parameters) -> dict:
+    """Validated copy of model-supplied parameters: str keys, bool/int/str values."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect parameters to be a dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return dict(parameters)
+
+
+class PreferredMemory:
+    def __init__(self, preferred_memory_type, preferred_device_id=0):
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+
+class InferenceTrace:
+    """Trace context of a request; shmserve does not trace requests, so there is no context."""
+
+    def get_context(self):
+        return None
+
+
+class InferenceResponseSender:
+    """Sends responses for one request through a callback the worker side installs.
+
+    `send(response, flags)` is checked as Triton checks it, then forwarded to
+    `callback(response, flags)`; the sender closes after TRITONSERVER_RESPONSE_COMPLETE_FINAL.
+    The callback decides what a response means (one final response for a non-decoupled model).
+    """
+
+    def __init__(self, callback, is_cancelled=None):
+        self._callback = callback
+        self._is_cancelled = is_cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response=None, flags=0):
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to "
+                "zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TypeError(f"send() expects an InferenceResponse, found {type(response)}")
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            self._callback(response, flags)
+            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._closed = True
+
+    def is_cancelled(self):
+        return self._is_cancelled is not None and self._is_cancelled()
+
+    def _close(self):
+        with self._lock:
+            self._closed = True
+
+
+def _bls_unsupported(what):
+    return TritonModelException(f"BLS ({what}) is not supported by shmserve yet")
+
+
+class InferenceRequest:
+    def __init__(
+        self,
+        request_id="",
+        correlation_id=0,
+        inputs=None,
+        requested_output_names=None,
+        model_name=None,
+        model_version=-1,
+        flags=0,
+        timeout=0,
+        preferred_memory=None,
+        trace=None,
+        parameters=None,
+    ):
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TypeError(
+                "InferenceRequest needs inputs, requested_output_names and model_name"
+            )
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"InferenceRequest inputs must be Tensors, found {type(tensor)}")
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._requested_output_names = set(requested_output_names)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
+        self._trace = trace or InferenceTrace()
+        self._parameters = _parameters_dict(parameters)
+        self._sender = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _incoming(
+        cls,
+        *,
+        model_name: str,
+        request_id: str,
+        correlation_id,
+        flags: int,
+        timeout: int,
+        parameters: dict,
+        inputs: list,
+        requested_output_names,
+        sender: InferenceResponseSender,
+    ) -> "InferenceRequest":
+        """A request handed to execute(): the runner's path, without the BLS argument checks."""
+        request = cls.__new__(cls)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._requested_output_names = set(requested_output_names)
+        request._model_name = model_name
+        request._model_version = -1
+        request._flags = flags
+        request._timeout = timeout
+        request._preferred_memory = None
+        request._trace = InferenceTrace()
+        # Client parameters pass through unchecked: they may hold types models cannot set.
+        request._parameters = parameters
+        request._sender = sender
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return request
+
+    def inputs(self):
+        return self._inputs
+
+    def requested_output_names(self):
+        return self._requested_output_names
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def set_flags(self, flags):
+        self._flags = flags
+
+    def timeout(self):
+        return self._timeout
+
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+    def trace(self):
+        return self._trace
+
+    def get_response_sender(self):
+        if self._sender is None:
+            raise TritonModelException(
+                "Only requests passed to execute() have a response sender"
+            )
+        return self._sender
+
+    def is_cancelled(self):
+        return self._sender is not None and self._sender.is_cancelled()
+
+    def set_release_flags(self, flags):
+        self._release_flags = flags
+
+    def exec(self, decoupled=False):
+        raise _bls_unsupported("InferenceRequest.exec")
+
+    def async_exec(self, decoupled=False):
+        raise _bls_unsupported("InferenceRequest.async_exec")
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        tensors = list(output_tensors) if output_tensors is not None else []
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"output_tensors must hold Tensors, found {type(tensor)}")
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"error must be a TritonError or None, found {type(error)}")
+        self._output_tensors = tensors
+        self._error = error
+        self._parameters = _parameters_dict(parameters)
+
+    def output_tensors(self):
+        return self._output_tensors
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+
+def get_input_tensor_by_name(inference_request, name):
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response, name):
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config, name):
+    for entry in model_config.get("input", ()):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config, name):
+    for entry in model_config.get("output", ()):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+# --- model context (set by the runner) ----------------------------------------------------------
+
+_model_dir = ""
+
+
+def get_model_dir():
+    """The folder holding the model's Python file (`<repository>/<model>/<version>`)."""
+    return _model_dir
+
+
+def _set_model_context(*, model_dir: str, instance_name: str) -> None:
+    global _model_dir
+    _model_dir = model_dir
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(f"%(levelname)s {instance_name} %(filename)s:%(lineno)d] %(message)s")
+    )
+    for old in list(_logger.handlers):
+        _logger.removeHandler(old)
+    _logger.addHandler(handler)
+
+
+def load_model(model_name, config="", files=None):
+    raise TritonModelException("load_model is not supported by shmserve yet")
+
+
+def unload_model(model_name, unload_dependents=False):
+    raise TritonModelException("unload_model is not supported by shmserve yet")
+
+
+def is_model_ready(model_name, model_version=""):
+    raise TritonModelException("is_model_ready is not supported by shmserve yet")
+
+
+# --- logging ----------------------------------------------------------------------------------
+
+LOGGER_NAME = "shmserve.model"
+_logger = logging.getLogger(LOGGER_NAME)
+_logger.propagate = False
+_logger.setLevel(logging.INFO)
+
+
+class Logger:
+    """Model logging to stderr, prefixed with the instance name; VERBOSE is logging.DEBUG."""
+
+    class LogLevel(enum.IntEnum):
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    _LEVELS = {
+        LogLevel.INFO: logging.INFO,
+        LogLevel.WARNING: logging.WARNING,
+        LogLevel.ERROR: logging.ERROR,
+        LogLevel.VERBOSE: logging.DEBUG,
+    }
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        _logger.log(Logger._LEVELS[Logger.LogLevel(level)], message, stacklevel=2)
+
+    @staticmethod
+    def log_info(message):
+        _logger.info(message, stacklevel=2)
+
+    @staticmethod
+    def log_warn(message):
+        _logger.warning(message, stacklevel=2)
+
+    @staticmethod
+    def log_error(message):
+        _logger.error(message, stacklevel=2)
+
+    @staticmethod
+    def log_verbose(message):
+        _logger.debug(message, stacklevel=2)
+
+
+# --- custom metrics ---------------------------------------------------------------------------
+
+
+class MetricKind(enum.IntEnum):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+class Metric:
+    """One labelled series of a MetricFamily; values live in this process."""
+
+    def __init__(self, family: "MetricFamily", labels: dict, buckets):
+        self._family = family
+        self._labels = labels
+        self._value = 0.0
+        if buckets is None:
+            self._buckets = None
+        else:
+            self._buckets = sorted(float(b) for b in buckets)
+            self._bucket_counts = [0] * (len(self._buckets) + 1)  # last: +Inf
+            self._count = 0
+
+    def increment(self, value):
+        kind = self._family._kind
+        if kind == MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to increment metric value: histogram metrics support observe() only"
+            )
+        if kind == MetricKind.COUNTER and value < 0:
+            raise TritonModelException(
+                "Failed to increment metric value: counter metrics cannot be decremented"
+            )
+        with self._family._lock:
+            self._value += value
+
+    def set(self, value):
+        if self._family._kind != MetricKind.GAUGE:
+            raise TritonModelException("Failed to set metric value: only gauge metrics can be set")
+        with self._family._lock:
+            self._value = float(value)
+
+    def observe(self, value):
+        if self._family._kind != MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to observe metric value: only histogram metrics support observe()"
+            )
+        with self._family._lock:
+            self._bucket_counts[bisect.bisect_left(self._buckets, value)] += 1
+            self._count += 1
+            self._value += value
+
+    def value(self):
+        if self._family._kind == MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to get metric value: histogram metrics do not support value()"
+            )
+        return self._value
+
+
+class MetricFamily:
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    def __init__(self, name, description, kind):
+        if not isinstance(name, str) or not name:
+            raise TritonModelException("MetricFamily name must be a non-empty string")
+        self._name = name
+        self._description = str(description)
+        self._kind = MetricKind(kind)
+        self._metrics: dict[tuple, Metric] = {}
+        self._lock = threading.Lock()
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 (Triton's name)
+        labels = {} if labels is None else labels
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise TritonModelException("Metric labels must map str to str")
+        if self._kind == MetricKind.HISTOGRAM and buckets is None:
+            raise TritonModelException("Histogram metrics need 'buckets'")
+        if self._kind != MetricKind.HISTOGRAM and buckets is not None:
+            raise TritonModelException("Only histogram metrics take 'buckets'")
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            # Same labels, same series: Triton hands back the existing metric too.
+            metric = self._metrics.get(key)
+            if metric is None:
+                metric = Metric(self, dict(labels), buckets)
+                self._metrics[key] = metric
+        return metric
+
+
+# --- auto-complete ----------------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The model configuration handed to auto_complete_config, with Triton's edit checks."""
+
+    def __init__(self, model_config):
+        if isinstance(model_config, str):
+            self._model_config = json.loads(model_config)
+        else:
+            self._model_config = copy.deepcopy(model_config)
+
+    def as_dict(self):
+        return self._model_config
+
+    def _name(self):
+        return self._model_config.get("name", "")
+
+    def set_max_batch_size(self, max_batch_size):
+        configured = self._model_config.get("max_batch_size", 0)
+        if configured > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {configured}, but in "
+                f"auto-complete-config function for model '{self._name()}' specified "
+                f"max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but "
+                    f"auto-complete-config function for model '{self._name()}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input):  # noqa: A002 (Triton's parameter name)
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output):
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def _add_tensor(self, kind, tensor, allowed):
+        if not isinstance(tensor, dict):
+            raise ValueError(f"{kind} must be a dict, found {type(tensor)}")
+        model = self._name()
+        if "name" not in tensor:
+            raise ValueError(
+                f"{kind} in auto-complete-config function for model '{model}' is missing "
+                "'name' property."
+            )
+        name = tensor["name"]
+        extra = [key for key in tensor if key not in allowed]
+        if extra:
+            listed = ", ".join(f"'{key}'" for key in allowed[:-1]) + f" and '{allowed[-1]}'"
+            raise ValueError(
+                f"{kind} '{name}' in auto-complete-config function for model '{model}' "
+                f"contains property other than {listed}."
+            )
+        for required in ("data_type", "dims"):
+            if required not in tensor:
+                raise ValueError(
+                    f"{kind} '{name}' in auto-complete-config function for model '{model}' is "
+                    f"missing '{required}' property."
+                )
+        entries = self._model_config.setdefault(kind, [])
+        for current in entries:
+            if current["name"] != name:
+                continue
+            configured_type = current.get("data_type", "TYPE_INVALID")
+            if configured_type != "TYPE_INVALID" and configured_type != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype "
+                    f"{configured_type} for {kind} '{name}', model provides "
+                    f"{tensor['data_type']}"
+                )
+            if current.get("dims") and current["dims"] != tensor["dims"]:
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects dims "
+                    f"{tensor['dims']} but the model configuration specifies dims "
+                    f"{current['dims']}"
+                )
+            if (
+                "optional" in current
+                and "optional" in tensor
+                and current["optional"] != tensor["optional"]
+            ):
+                raise ValueError(
+                    f"model '{model}', tensor '{name}': the model expects optional "
+                    f"{tensor['optional']} but the model configuration specifies optional "
+                    f"{current['optional']}"
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = tensor["dims"]
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        entries.append(tensor)
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        model = self._name()
+        if any(key != "decoupled" for key in transaction_policy_dict):
+            raise ValueError(
+                f"model transaction property in auto-complete-config function for model "
+                f"'{model}' contains property other than 'decoupled'."
+            )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{model}', which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted
