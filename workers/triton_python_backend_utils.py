@@ -23,6 +23,9 @@ import numpy as np
 from shmserve.ipc import datatypes
 from workers import cuda, dlpack
 
+# Triton hands parameters() to the model as compact JSON: {"k":"v","n":7}.
+_COMPACT = (",", ":")
+
 # --- constants --------------------------------------------------------------------------------
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -487,7 +490,7 @@ class InferenceRequest:
         return self._timeout
 
     def parameters(self):
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=_COMPACT)
 
     def trace(self):
         return self._trace
@@ -534,7 +537,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self):
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=_COMPACT)
 
 
 def get_input_tensor_by_name(inference_request, name):

@@ -30,7 +30,7 @@ class Supervisor:
         if pool is None or self._stopping:
             return
         log.error("model instance '%s' (pid %s) died; restarting it", inst.instance_name, inst.pid)
-        pool.instance_lost(inst)
+        pool.wake_all()
         task = asyncio.ensure_future(self._restart(inst, pool))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -49,7 +49,7 @@ class Supervisor:
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             log.info("model instance '%s' is back (pid %s)", inst.instance_name, inst.pid)
-            pool.release(inst)
+            pool.instance_back(inst)
             return
 
     async def stop(self) -> None:

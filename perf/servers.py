@@ -1,0 +1,195 @@
+"""The two servers a benchmark compares: the real Triton (started through the anchors' scripts)
+and shmserve. Each binds 127.0.0.1 only and is stopped by its PID."""
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def anchors_env(anchors: Path) -> dict[str, str]:
+    """The environment the anchors' env.sh defines (paths to tritonserver, perf_analyzer, ports)."""
+    out = subprocess.run(["bash", "-c", f'. "{anchors}/env.sh" && env -0'], check=True,
+                         stdout=subprocess.PIPE, env=dict(os.environ, ANCHORS=str(anchors))).stdout
+    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _proc_stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    # fields after the command name, which may itself contain spaces and parentheses
+    return text[text.rindex(")") + 2:].split()
+
+
+def _all_stats() -> dict[int, list[str]]:
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stats[int(d)] = _proc_stat(int(d))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return stats
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """utime + stime of root and all its live descendants (python-backend stubs, workers)."""
+    stats = _all_stats()
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(int(st[1]), []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += int(stats[pid][11]) + int(stats[pid][12])
+        todo.extend(children.get(pid, []))
+    return total / CLK_TCK
+
+
+class Server:
+    """What a benchmark needs of a server: start(), stop() -> leftover PIDs, its ports and PID."""
+
+    name: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    pid: int | None = None
+
+    @property
+    def ports(self) -> tuple[int, int, int]:
+        return self.http_port, self.grpc_port, self.metrics_port
+
+    def check_ports_free(self) -> None:
+        busy = [p for p in self.ports if port_in_use(p)]
+        if busy:
+            raise ServerError(f"{self.name}: port(s) {busy} on 127.0.0.1 already in use; stop whatever holds them")
+
+    def wait_model_ready(self, model: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.http_port}/v2/models/{model}/ready"
+        while not http_ok(url):
+            if time.monotonic() > deadline:
+                raise ServerError(f"{self.name}: model {model} not ready after {timeout_s:.0f} s")
+            time.sleep(0.25)
+
+
+class TritonServer(Server):
+    """tritonserver via the anchors' start_triton.sh / stop_pid.sh (PID in $ANCHORS/run/triton.pid)."""
+
+    name = "triton"
+
+    def __init__(self, anchors: Path, env: dict[str, str], model_repository: Path, log_path: Path):
+        self.anchors, self.env = anchors, env
+        self.model_repository, self.log_path = model_repository, log_path
+        self.http_port, self.grpc_port, self.metrics_port = (
+            int(env["TRITON_HTTP"]), int(env["TRITON_GRPC"]), int(env["TRITON_METRICS"]))
+        self.pid_file = anchors / "run" / "triton.pid"
+        self.started = False
+
+    def start(self) -> None:
+        # start_triton.sh silently reuses a running Triton, which may serve another repository.
+        if self.pid_file.exists():
+            raise ServerError(f"{self.pid_file} exists: a Triton from the anchors is running; "
+                              f"stop it first ({self.anchors}/stop_pid.sh triton)")
+        self.check_ports_free()
+        env = dict(os.environ, ANCHORS=str(self.anchors), TRITON_REPO=str(self.model_repository),
+                   TRITON_LOG=str(self.log_path))
+        self.started = True
+        p = subprocess.run([str(self.anchors / "start_triton.sh")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if self.pid_file.exists():
+            self.pid = int(self.pid_file.read_text())
+        if p.returncode != 0:
+            raise ServerError(f"triton did not start:\n{p.stdout[-3000:]}")
+
+    def stop(self) -> list[int]:
+        # Only ours: start() refuses to run while another Triton's PID file exists.
+        if self.started and self.pid_file.exists():
+            subprocess.run([str(self.anchors / "stop_pid.sh"), "triton"],
+                           env=dict(os.environ, ANCHORS=str(self.anchors)), stdout=subprocess.DEVNULL)
+        self.started, self.pid = False, None
+        return []
+
+
+class ShmServer(Server):
+    """shmserve from the project's venv, in a session of its own so that what it leaves behind
+    (workers that outlive it) can be found and reported."""
+
+    name = "shmserve"
+
+    def __init__(self, model_repository: Path, ports: tuple[int, int, int], log_path: Path):
+        self.model_repository, self.log_path = model_repository, log_path
+        self.http_port, self.grpc_port, self.metrics_port = ports
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def command() -> list[str]:
+        exe = REPO_ROOT / ".venv" / "bin" / "shmserve"
+        if exe.exists():
+            return [str(exe)]
+        return [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "shmserve.cli"]
+
+    def start(self, timeout_s: float = 120) -> None:
+        self.check_ports_free()
+        args = self.command() + [
+            "--model-repository", str(self.model_repository),
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port), "--http-address", "127.0.0.1",
+            "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + timeout_s
+        while not http_ok(f"http://127.0.0.1:{self.http_port}/v2/health/ready"):
+            if self.proc.poll() is not None:
+                raise ServerError(f"shmserve exited with {self.proc.returncode}; see {self.log_path}:\n"
+                                  + self.log_path.read_text(errors="replace")[-3000:])
+            if time.monotonic() > deadline:
+                raise ServerError(f"shmserve not ready after {timeout_s:.0f} s; see {self.log_path}")
+            time.sleep(0.25)
+
+    def stop(self, grace_s: float = 40) -> list[int]:
+        """SIGTERM, then SIGKILL after grace_s. Returns the PIDs of processes of its session that
+        were still alive afterwards (and were killed): a shutdown bug worth reporting."""
+        if self.proc is None:
+            return []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        leftovers = [pid for pid, st in _all_stats().items() if int(st[3]) == self.proc.pid]
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc, self.pid = None, None
+        return leftovers

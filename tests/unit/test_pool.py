@@ -1,0 +1,109 @@
+"""Instance pool: least-loaded choice, pipelining depth, waiting, dead instances."""
+
+import asyncio
+
+import pytest
+
+from shmserve.dispatch.pool import InstancePool
+from shmserve.errors import Code, ServerError
+from shmserve.scheduling.default import DefaultScheduler
+
+
+class FakeInstance:
+    def __init__(self, name):
+        self.instance_name = name
+        self.alive = True
+        self.batches = []
+
+    async def execute(self, batch):
+        self.batches.append(batch)
+        await asyncio.sleep(0)
+        return [f"{self.instance_name}:{r}" for r in batch], None
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_least_loaded_instance_first():
+    async def go():
+        a, b = FakeInstance("a"), FakeInstance("b")
+        pool = InstancePool([a, b], depth=2)
+        got = [await pool.acquire() for _ in range(4)]
+        assert [i.instance_name for i in got] == ["a", "b", "a", "b"]
+        pool.release(b)
+        assert await pool.acquire() is b
+    run(go())
+
+
+def test_waiters_are_served_in_order_when_full():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=1)
+        first = await pool.acquire()
+        order = []
+
+        async def wait(tag):
+            inst = await pool.acquire()
+            order.append(tag)
+            pool.release(inst)
+
+        tasks = [asyncio.ensure_future(wait(t)) for t in "xyz"]
+        await asyncio.sleep(0)
+        assert order == []
+        pool.release(first)
+        await asyncio.gather(*tasks)
+        assert order == ["x", "y", "z"]
+    run(go())
+
+
+def test_cancelled_waiter_passes_its_turn_on():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=1)
+        held = await pool.acquire()
+        w1 = asyncio.ensure_future(pool.acquire())
+        w2 = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        pool.release(held)
+        w1.cancel()
+        assert await asyncio.wait_for(w2, 1) is a
+    run(go())
+
+
+def test_dead_instances_are_skipped_and_all_dead_is_unavailable():
+    async def go():
+        a, b = FakeInstance("a"), FakeInstance("b")
+        pool = InstancePool([a, b], depth=1)
+        a.alive = False
+        assert await pool.acquire() is b
+        b.alive = False
+        with pytest.raises(ServerError) as e:
+            await pool.acquire()
+        assert e.value.code == Code.UNAVAILABLE
+        assert not pool.ready
+    run(go())
+
+
+def test_waiter_wakes_when_instance_comes_back():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=1)
+        await pool.acquire()
+        waiter = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        pool.instance_back(a)  # restarted: its old batch failed, its load is reset
+        assert await asyncio.wait_for(waiter, 1) is a
+    run(go())
+
+
+def test_default_scheduler_runs_each_request_alone():
+    async def go():
+        a, b = FakeInstance("a"), FakeInstance("b")
+        sched = DefaultScheduler(InstancePool([a, b]))
+        results = await asyncio.gather(*(sched.submit(i) for i in range(6)))
+        assert sorted(r[0] for r in results) == sorted(
+            f"{inst.instance_name}:{i}" for i, (_, _, inst) in enumerate(results))
+        assert all(len(batch) == 1 for inst in (a, b) for batch in inst.batches)
+        assert a.batches and b.batches  # both instances worked
+    run(go())
