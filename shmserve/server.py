@@ -83,9 +83,9 @@ class Server:
     async def _start_endpoints(self) -> None:
         opts = self.options
         if opts.allow_http:
-            from shmserve.http.app import build_app
+            from shmserve.http.app import RUNNER_OPTIONS, build_app
             await self._serve_aiohttp(build_app(self.dataplane, opts.http_max_input_size),
-                                      opts.http_address, opts.http_port)
+                                      opts.http_address, opts.http_port, **RUNNER_OPTIONS)
         if opts.allow_grpc:
             from shmserve.grpc.servicer import build_server
             self._grpc = build_server(self.dataplane)
@@ -98,8 +98,8 @@ class Server:
             await self._serve_aiohttp(build_metrics_app(self.registry), opts.metrics_address,
                                       opts.metrics_port)
 
-    async def _serve_aiohttp(self, app, address: str, port: int) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def _serve_aiohttp(self, app, address: str, port: int, **options) -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
         await runner.setup()
         self._runners.append(runner)
         await web.TCPSite(runner, address, port, reuse_address=True).start()

@@ -3,6 +3,7 @@
 Transport only: routes decode, call the dataplane, and encode; no scheduling or validation.
 """
 
+import asyncio
 import logging
 
 import orjson
@@ -10,7 +11,7 @@ from aiohttp import web
 
 from shmserve.dataplane import DataPlane
 from shmserve.errors import Code, ServerError
-from shmserve.http import codec
+from shmserve.http import codec, compression
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.http")
@@ -56,9 +57,20 @@ async def _errors(request, handler):
         return _error(400, f"request body exceeds the maximum input size: {exc.text}")
 
 
+# Bodies above this are (de)compressed in a thread so the event loop keeps serving.
+_OFF_LOOP_BYTES = 256 * 1024
+
+
+async def _off_loop(fn, body, *args):
+    if len(body) < _OFF_LOOP_BYTES:
+        return fn(body, *args)
+    return await asyncio.to_thread(fn, body, *args)
+
+
 class HttpRoutes:
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, max_input_size: int):
         self.dp = dataplane
+        self.max_input_size = max_input_size
 
     async def live(self, request):
         return web.Response(status=200 if self.dp.server_live() else 400)
@@ -105,9 +117,10 @@ class HttpRoutes:
             except ValueError:
                 raise ServerError(Code.INVALID_ARG,
                                   f"Unable to parse {HEADER_LENGTH}, got: {header}") from None
-        if request.headers.get("Content-Encoding"):
-            raise ServerError(Code.UNSUPPORTED, "request compression is not supported yet")
         body = await request.read()
+        encoding = request.headers.get("Content-Encoding")
+        if encoding and encoding.lower() != "identity":
+            body = await _off_loop(compression.decompress, body, encoding, self.max_input_size)
         infer_request, fmt = codec.decode_infer_request(
             body, header_length, request.match_info["model"], _version(request))
         response = await self.dp.infer(infer_request)
@@ -116,15 +129,25 @@ class HttpRoutes:
             payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             response.done()
-        resp = web.Response(body=payload, content_type=content_type)
+        resp = web.Response(content_type=content_type)
+        accept = request.headers.get("Accept-Encoding")
+        chosen = compression.choose(accept) if accept else None
+        if chosen:
+            payload = await _off_loop(compression.compress, bytes(payload), chosen)
+            resp.headers["Content-Encoding"] = chosen
+        resp.body = payload
         if out_header is not None:
             resp.headers[HEADER_LENGTH] = str(out_header)
         return resp
 
 
+# aiohttp would inflate compressed bodies itself, without our bound on the inflated size.
+RUNNER_OPTIONS = {"auto_decompress": False}
+
+
 def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=max_input_size)
-    r = HttpRoutes(dataplane)
+    r = HttpRoutes(dataplane, max_input_size)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
     app.router.add_get("/v2", r.server_metadata)

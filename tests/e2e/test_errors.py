@@ -145,3 +145,14 @@ def test_http_json_element_count_mismatch(server, clients):
     status, out = _post(server, "/v2/models/add_sub/infer", body)
     assert status == 400, out
     _still_serving(clients["http"], "http")
+
+
+def test_http_decompression_bomb_is_refused(server, clients):
+    import gzip
+    # 80 MiB of zeros squeeze into ~80 KiB; inflated it exceeds --http-max-input-size (64 MiB).
+    bomb = gzip.compress(bytes(80 * 1024 * 1024))
+    status, body = _post(server, "/v2/models/add_sub/infer", bomb, {"Content-Encoding": "gzip"})
+    assert status == 400 and b"maximum input size" in body, body
+    status, body = _post(server, "/v2/models/add_sub/infer", b"not gzip", {"Content-Encoding": "gzip"})
+    assert status == 400 and b"decompress" in body, body
+    _still_serving(clients["http"], "http")

@@ -203,3 +203,12 @@ def test_instances_run_in_parallel(server):
         finally:
             await g.close()
     assert asyncio.run(run()) < 1.9
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_http_compression_both_ways(clients, algorithm):
+    x = np.arange(1000, dtype=np.float32)
+    inputs = [_input(httpclient, "INPUT0", x[:4], "FP32"), _input(httpclient, "INPUT1", x[:4], "FP32")]
+    result = clients["http"].infer("add_sub", inputs, request_compression_algorithm=algorithm,
+                                   response_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x[:4] * 2)
