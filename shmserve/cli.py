@@ -21,7 +21,7 @@ UNSUPPORTED_FLAGS = (
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
     "grpc-restricted-protocol", "allow-client-shm", "metrics-config", "metrics-interval-ms",
     "allow-gpu-metrics", "allow-cpu-metrics", "log-file", "log-format", "buffer-manager-thread-count",
-    "host-policy", "model-namespacing", "disable-auto-complete-config", "strict-model-config",
+    "host-policy", "model-namespacing",
     "response-cache-byte-size", "min-supported-compute-capability", "exit-on-error",
 )
 # Tuning flags of Triton's C++ thread pools; accepted, and the log says they have no effect.
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
+                   help="deprecated Triton spelling: true means --disable-auto-complete-config")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
@@ -84,6 +87,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         model_control_mode=args.model_control_mode,
         load_model=args.load_model,
         model_config_name=args.model_config_name,
+        disable_auto_complete=args.disable_auto_complete_config or bool(args.strict_model_config),
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_timeout_secs=args.exit_timeout_secs,

@@ -28,6 +28,7 @@ class Options:
     model_control_mode: str = "none"
     load_model: list = field(default_factory=list)
     model_config_name: Optional[str] = None
+    disable_auto_complete: bool = False
     server_id: str = "shmserve"
     strict_readiness: bool = True
     exit_timeout_secs: int = 30
@@ -54,6 +55,7 @@ class Server:
         self.supervisor = Supervisor()
         self.loader = Loader(self.registry, options.model_repository[0],
                              config_name=options.model_config_name,
+                             disable_auto_complete=options.disable_auto_complete,
                              on_instance_exit=self.supervisor.instance_exited)
         self._runners: list = []
         self._grpc = None

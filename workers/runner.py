@@ -141,13 +141,8 @@ class ModelRunner:
         if not os.path.isfile(path):
             raise RunnerError(f"Python model file not found in '{path}'")
 
-        pb_utils._set_model_context(model_dir=version_dir, instance_name=self._instance_name)
-        sys.modules["triton_python_backend_utils"] = pb_utils
-        for entry in (version_dir, self._model_dir):
-            if entry not in sys.path:
-                sys.path.append(entry)
         try:
-            module = _import_model_module(version_dir, version, stem)
+            module = import_model(self._model_dir, version, stem, self._instance_name)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
             raise RunnerError(f"failed to import '{path}': {_describe(exc)}") from exc
@@ -311,6 +306,19 @@ class ModelRunner:
             f"Failed to process the request(s) for model instance '{self._instance_name}', "
             f"message: {message}",
         )
+
+
+def import_model(model_dir: str, version: str, stem: str, instance_name: str):
+    """The module `<model_dir>/<version>/<stem>.py`, imported as Triton's Python backend
+    imports it: our pb_utils as `triton_python_backend_utils`, the version folder and the
+    model folder on sys.path."""
+    version_dir = os.path.join(model_dir, version)
+    pb_utils._set_model_context(model_dir=version_dir, instance_name=instance_name)
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    for entry in (version_dir, model_dir):
+        if entry not in sys.path:
+            sys.path.append(entry)
+    return _import_model_module(version_dir, version, stem)
 
 
 def _import_model_module(version_dir: str, version: str, stem: str):

@@ -108,7 +108,7 @@ class WorkerHandle:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "workers", str(child.fileno()),
                 pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
-                env=_worker_env())
+                env=worker_env())
         finally:
             child.close()
         self._ready = loop.create_future()
@@ -279,7 +279,7 @@ def _code(name: str) -> Code:
         return Code.INTERNAL
 
 
-def _worker_env() -> dict:
+def worker_env() -> dict:
     env = dict(os.environ)
     # Workers must import this checkout's `workers` and `shmserve.ipc` even when the server
     # runs from a source tree rather than an installed package.

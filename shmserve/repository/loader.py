@@ -17,6 +17,7 @@ from shmserve.config.render import config_to_json
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import Code, ServerError
+from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import scan_repository, select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.signature import ModelSignature
@@ -34,12 +35,13 @@ def gpu_count() -> int:
 
 class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
-                 on_instance_exit=None):
+                 on_instance_exit=None, disable_auto_complete=False):
         self.registry = registry
         self.repository = os.path.abspath(repository)
         self._config_name = config_name
         self._gpus = gpu_count()
         self._on_instance_exit = on_instance_exit
+        self._auto_complete = not disable_auto_complete
 
     async def load_all(self, names=None) -> None:
         entries = scan_repository(self.repository)
@@ -50,7 +52,11 @@ class Loader:
     async def load_model(self, entry) -> None:
         rec = self.registry.record(entry.name)
         try:
-            config = read_model_config(entry.path, self._config_name)
+            # Without auto-complete, Triton requires every model to have a config file.
+            config = read_model_config(entry.path, self._config_name,
+                                       autofill=self._auto_complete)
+            if self._auto_complete:
+                config = await complete_model_config(entry, config)
             if self._gpus == 0:
                 _run_gpu_groups_on_cpu(config, entry.name)
             config = normalize_config(config, entry.name, self._gpus)
