@@ -4,6 +4,7 @@ Requests are validated here against the model's signature, with Triton's message
 anything reaches a worker.
 """
 
+import asyncio
 import time
 
 from shmserve import __version__
@@ -119,9 +120,12 @@ class DataPlane:
                                         f"{exc.message}") from None
         stats.pending += 1
         try:
-            response, timings, instance = await mv.scheduler.submit(work)
+            response, timings = await mv.scheduler.submit(work)
         except ServerError:
             stats.record_failure(time.perf_counter_ns() - started, "OTHER")
+            raise
+        except asyncio.CancelledError:
+            stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
         finally:
             stats.pending -= 1
@@ -135,7 +139,7 @@ class DataPlane:
                              compute_input_ns=timings.compute_input_ns,
                              compute_infer_ns=timings.compute_infer_ns,
                              compute_output_ns=timings.compute_output_ns)
-        return _response(request, mv, response, instance)
+        return _response(request, mv, response)
 
 
 def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
@@ -188,9 +192,8 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
                               f"unexpected shape for input '{t.name}' for model '{name}'. "
                               f"Expected {_fmt(expected)}, got {_fmt(shape)}")
         if t.data is None:
-            raise ServerError(Code.INVALID_ARG,
-                              f"input '{t.name}' has no data (shared memory inputs are not "
-                              f"supported yet)")
+            _no_such_region(t.parameters)
+            raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
         _check_byte_size(t, name)
         model_shape = list(shape)
         if spec.reshape is not None:
@@ -210,6 +213,8 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
             if o.name not in sig.outputs:
                 raise ServerError(Code.INVALID_ARG,
                                   f"unexpected inference output '{o.name}' for model '{name}'")
+            if o.parameters and "shared_memory_region" in o.parameters:
+                _no_such_region(o.parameters)
             requested.append(o.name)
     else:
         requested = list(sig.outputs)
@@ -223,6 +228,13 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
     work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
                        requested)
     return work, batch_size
+
+
+def _no_such_region(parameters: dict) -> None:
+    """No client region can be registered yet, so any region a tensor names is unknown."""
+    region = parameters.get("shared_memory_region")
+    if region is not None:
+        raise ServerError(Code.NOT_FOUND, f"Unable to find shared memory region: '{region}'")
 
 
 def _dims_match(shape, dims) -> bool:
@@ -265,20 +277,17 @@ def _check_byte_size(t, model: str) -> None:
                           f"Expected {expected}, got {nbytes}")
 
 
-def _response(request: InferRequest, mv, work, instance) -> InferResponse:
+def _response(request: InferRequest, mv, work) -> InferResponse:
     sig = mv.signature
     outputs = []
-    slots = work.slots
     for o in work.outputs:
         shape = o.shape
         spec = sig.outputs.get(o.name)
         if spec is not None and spec.reshape is not None and -1 not in spec.dims:
             shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
         outputs.append(OutputTensor(o.name, o.datatype, shape, o.data))
-    resp = InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs)
-    if slots:
-        resp.release = lambda: instance.release_outputs(slots)
-    return resp
+    return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
+                         release=work.release)
 
 
 def _fmt(shape) -> str:

@@ -59,6 +59,9 @@ class Registry:
         if mv is None:
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if not mv.ready:
+            if mv.state == READY:  # loaded, but every instance is restarting
+                raise ServerError(Code.UNAVAILABLE, f"model '{name}' version {mv.version} has no "
+                                                    f"running instance (restarting)")
             if version in ("", "-1"):
                 raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
             raise ServerError(Code.UNAVAILABLE, f"Request for unknown model: '{name}' version {mv.version} is not at ready state")

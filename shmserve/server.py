@@ -56,7 +56,8 @@ class Server:
         self.loader = Loader(self.registry, options.model_repository[0],
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
-                             on_instance_exit=self.supervisor.instance_exited)
+                             on_instance_exit=self.supervisor.instance_exited,
+                             on_pool_ready=self.supervisor.watch)
         self._runners: list = []
         self._grpc = None
 
@@ -71,9 +72,6 @@ class Server:
             await self.loader.load_all(None if "*" in names else names)
         else:
             await self.loader.load_all()
-        for mv in self.registry.all_versions():
-            if mv.pool is not None:
-                self.supervisor.watch(mv.pool)
         self.dataplane.accepting = True
         try:
             await self._start_endpoints()

@@ -45,9 +45,18 @@ def main(argv: list) -> int:
         channel.send(messages.Ready(f"{type(exc).__name__}: {exc}"))
         return 1
     channel.send(messages.Ready(""))
-    loop.run()
+    try:
+        loop.run()
+    except Exception:
+        logging.getLogger("shmserve.worker").exception("worker loop failed")
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A model may have started non-daemon threads; they must not keep a finished worker
+    # (and its socket) alive, or the front would wait on it.
+    os._exit(code)

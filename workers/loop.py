@@ -40,8 +40,12 @@ class WorkerLoop:
                     for offset in msg.offsets:
                         self._output_alloc.free(offset)
                 elif isinstance(msg, messages.Shutdown):
-                    self._runner.finalize()
-                    self._channel.send(messages.Bye())
+                    try:
+                        self._runner.finalize()
+                    except Exception:
+                        log.exception("finalize() failed")
+                    finally:
+                        self._channel.send(messages.Bye())
                     return
                 else:
                     raise ValueError(f"unexpected frame {type(msg).__name__}")
@@ -93,13 +97,18 @@ class WorkerLoop:
             data = None
             nbytes = arr.nbytes
         if nbytes <= self._inline_threshold:
-            return data if data is not None else arr.tobytes()
+            return data if data is not None else _raw(arr)
         offset = self._output_alloc.alloc(nbytes)
         if offset is None:  # arena full: correctness over speed
-            return data if data is not None else arr.tobytes()
+            return data if data is not None else _raw(arr)
         dst = self._output_buf[offset:offset + nbytes]
         if data is not None:
             dst[:] = data
         else:
             np.copyto(np.frombuffer(dst, dtype=arr.dtype).reshape(arr.shape), arr)
         return (messages.OUTPUT_ARENA, offset, nbytes)
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, without copying them (msgpack copies once)."""
+    return arr.reshape(-1).view(np.uint8).data

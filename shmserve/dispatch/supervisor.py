@@ -20,10 +20,9 @@ class Supervisor:
     def watch(self, pool) -> None:
         for inst in pool.instances:
             self._pools[inst] = pool
-
-    def forget(self, pool) -> None:
         for inst in pool.instances:
-            self._pools.pop(inst, None)
+            if not inst.alive:  # died between its start and now, before anyone watched
+                self.instance_exited(inst)
 
     def instance_exited(self, inst) -> None:
         pool = self._pools.get(inst)
@@ -44,8 +43,9 @@ class Supervisor:
                 return
             try:
                 await inst.start()
-            except ServerError as exc:
-                log.error("restart of '%s' failed: %s", inst.instance_name, exc.message)
+            except Exception as exc:  # keep trying: a restart task must not die quietly
+                reason = exc.message if isinstance(exc, ServerError) else repr(exc)
+                log.error("restart of '%s' failed: %s", inst.instance_name, reason)
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             log.info("model instance '%s' is back (pid %s)", inst.instance_name, inst.pid)

@@ -1,7 +1,8 @@
 """One model instance as seen from the front: its process, its channel, its arenas.
 
 `execute` sends one Execute frame per batch and resolves when the Result frame comes back.
-A worker that dies fails exactly its in-flight batch, with an error naming the instance.
+A worker that dies fails the batches it holds (the running one and the one queued behind
+it), with an error naming the instance.
 """
 
 import asyncio
@@ -59,8 +60,8 @@ class WorkResponse:
     error: Optional[ServerError]
     outputs: list = field(default_factory=list)
     parameters: dict = field(default_factory=dict)
-    # Output-arena offsets to hand back once the outputs are copied out.
-    slots: list = field(default_factory=list)
+    # Hands the output-arena slots back once the outputs are copied out; None if none.
+    release: Optional[Callable[[], None]] = None
 
 
 @dataclass(slots=True)
@@ -90,7 +91,11 @@ class WorkerHandle:
         self._input_arena: Optional[InputArena] = None
         self._output_arena = None
         self._output_buf = None
+        # Bumped at every start, so that releases meant for a dead process's arena are
+        # never sent to its successor, whose slots at those offsets belong to others.
+        self._generation = 0
         self.alive = False
+        self._running = False  # started and not being stopped: an exit is a crash
 
     @property
     def pid(self) -> Optional[int]:
@@ -100,6 +105,8 @@ class WorkerHandle:
         """Spawn the process and load the model; ServerError(UNAVAILABLE) if it fails."""
         loop = asyncio.get_running_loop()
         tag = self.instance_name
+        self._generation += 1
+        self._process = None
         self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
         self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
         self._output_buf = self._output_arena.buffer
@@ -109,11 +116,21 @@ class WorkerHandle:
                 sys.executable, "-m", "workers", str(child.fileno()),
                 pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
                 env=worker_env())
+            self._ready = loop.create_future()
+            _, self._channel = await loop.create_unix_connection(
+                lambda: AsyncChannel(self._on_message, self._on_closed), sock=parent)
+        except BaseException as exc:
+            parent.close()
+            if self._process is not None:
+                self._process.kill()
+                await self._process.wait()
+            self._destroy_arenas()
+            if isinstance(exc, OSError):
+                raise ServerError(Code.UNAVAILABLE, f"cannot start model instance "
+                                                    f"'{self.instance_name}': {exc}") from None
+            raise
         finally:
             child.close()
-        self._ready = loop.create_future()
-        _, self._channel = await loop.create_unix_connection(
-            lambda: AsyncChannel(self._on_message, self._on_closed), sock=parent)
         self._channel.send(messages.Init(
             **self._init_args, input_arena=self._input_arena.name,
             output_arena=self._output_arena.name, inline_threshold=INLINE_THRESHOLD))
@@ -123,6 +140,7 @@ class WorkerHandle:
             await self._reap()
             raise ServerError(Code.UNAVAILABLE, error)
         self.alive = True
+        self._running = True
 
     async def execute(self, batch: list) -> tuple[list, BatchTimings]:
         """Run one batch of WorkRequests; one WorkResponse per request, in order."""
@@ -144,14 +162,20 @@ class WorkerHandle:
             future = asyncio.get_running_loop().create_future()
             self._pending[batch_id] = (future, offsets)
             self._channel.send(messages.Execute(batch_id, frames))
+        except ConnectionError:
+            self._pending.pop(batch_id, None)
+            self._free_inputs(offsets)
+            self.alive = False
+            raise ServerError(Code.UNAVAILABLE,
+                              f"model instance '{self.instance_name}' is not available") from None
         except BaseException:
             self._pending.pop(batch_id, None)
             self._free_inputs(offsets)
             raise
         return await future
 
-    def release_outputs(self, offsets: list) -> None:
-        if offsets and self.alive:
+    def _release_outputs(self, offsets: list, generation: int) -> None:
+        if self.alive and generation == self._generation:
             try:
                 self._channel.send(messages.Release(offsets))
             except ConnectionError:
@@ -159,6 +183,7 @@ class WorkerHandle:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Finalize the model and end the process (killed if it does not stop in time)."""
+        self._running = False
         if self._process is None:
             return
         if self.alive and self._channel is not None:
@@ -172,6 +197,9 @@ class WorkerHandle:
         await self._reap(timeout)
 
     async def _reap(self, timeout: float = 5.0) -> None:
+        # Closing our end first makes a worker blocked on its socket see EOF and exit.
+        if self._channel is not None:
+            self._channel.close()
         proc = self._process
         if proc is not None and proc.returncode is None:
             try:
@@ -179,8 +207,6 @@ class WorkerHandle:
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
-        if self._channel is not None:
-            self._channel.close()
         self._destroy_arenas()
 
     def _destroy_arenas(self) -> None:
@@ -215,15 +241,23 @@ class WorkerHandle:
                 return
             future, offsets = entry
             self._free_inputs(offsets)
-            if not future.done():
-                future.set_result((self._responses(msg), BatchTimings(
-                    msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns)))
+            responses = self._responses(msg)
+            if future.done():  # the caller gave up: nobody will copy these outputs out
+                for r in responses:
+                    if r.release is not None:
+                        r.release()
+                return
+            future.set_result((responses, BatchTimings(
+                msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns)))
         elif isinstance(msg, messages.Ready):
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg.error)
         elif isinstance(msg, messages.Bye):
-            if self._bye is not None and not self._bye.done():
-                self._bye.set_result(None)
+            self._resolve_bye()
+
+    def _resolve_bye(self) -> None:
+        if self._bye is not None and not self._bye.done():
+            self._bye.set_result(None)
 
     def _responses(self, msg: messages.Result) -> list:
         out = []
@@ -243,22 +277,30 @@ class WorkerHandle:
                     data = self._output_buf[offset:offset + nbytes]
                     slots.append(offset)
                 outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-            out.append(WorkResponse(None, outputs, frame.parameters, slots))
+            release = None
+            if slots:
+                generation = self._generation
+                release = lambda slots=slots: self._release_outputs(slots, generation)  # noqa: E731
+            out.append(WorkResponse(None, outputs, frame.parameters, release))
         return out
 
     def _on_closed(self, exc) -> None:
+        self.alive = False
+        self._resolve_bye()
         self._fail_pending("connection to the worker was lost")
 
     async def _watch_exit(self) -> None:
         proc = self._process
         code = await proc.wait()
-        was_alive = self.alive
+        unexpected = self._running
+        self._running = False
         self.alive = False
+        self._resolve_bye()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(f"model instance '{self.instance_name}' exited with code "
                                    f"{code} while loading (see the server log)")
         self._fail_pending(f"exited with code {code}")
-        if was_alive and self._on_exit is not None:
+        if unexpected and self._on_exit is not None:
             self._on_exit(self)
 
     def _fail_pending(self, why: str) -> None:

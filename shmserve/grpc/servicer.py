@@ -30,6 +30,7 @@ STATUS = {
 }
 
 SERVING = 1
+STREAM_INFLIGHT = 64  # requests of one stream accepted but not yet answered
 
 
 def _unary(fn):
@@ -97,7 +98,8 @@ class InferenceServicer:
         open, unless the client asked for `triton_grpc_error` (then the RPC ends)."""
         grpc_error = any(k == "triton_grpc_error" and v.lower() == "true"
                          for k, v in context.invocation_metadata() or ())
-        inflight: asyncio.Queue = asyncio.Queue()
+        # Bounded: a client that sends faster than it reads stops being read from.
+        inflight: asyncio.Queue = asyncio.Queue(maxsize=STREAM_INFLIGHT)
 
         async def read():
             try:
@@ -107,12 +109,14 @@ class InferenceServicer:
                 await inflight.put(None)
 
         reader = asyncio.ensure_future(read())
+        pending = []
         try:
             while True:
                 item = await inflight.get()
                 if item is None:
                     break
                 msg, task = item
+                pending.append(task)
                 try:
                     out = await task
                 except ServerError as exc:
@@ -124,9 +128,17 @@ class InferenceServicer:
                     out.infer_response.model_name = msg.model_name
                     out.infer_response.model_version = msg.model_version
                     out.infer_response.parameters["triton_final_response"].bool_param = True
+                pending.remove(task)
                 yield out
         finally:
             reader.cancel()
+            while not inflight.empty():
+                item = inflight.get_nowait()
+                if item is not None:
+                    pending.append(item[1])
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(reader, *pending, return_exceptions=True)
 
     async def _stream_one(self, msg):
         response = await self.dp.infer(codec.decode_model_infer_request(msg))

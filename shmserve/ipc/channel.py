@@ -38,7 +38,7 @@ class AsyncChannel(asyncio.Protocol):
     def send(self, message) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionError("worker channel is closed")
-        self._transport.write(codec.encode(message))
+        self._transport.writelines(codec.encode(message))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -62,9 +62,11 @@ class SyncChannel:
         return codec.decode_body(self._pending.pop(0))
 
     def send(self, message) -> None:
-        frame = codec.encode(message)
+        header, body = codec.encode(message)
         with self._send_lock:
-            self._sock.sendall(frame)
+            sent = self._sock.sendmsg((header, body))
+            if sent < len(header) + len(body):  # rare: the socket buffer was full
+                self._sock.sendall((header + body)[sent:])
 
     def close(self) -> None:
         self._sock.close()

@@ -35,12 +35,13 @@ def gpu_count() -> int:
 
 class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
-                 on_instance_exit=None, disable_auto_complete=False):
+                 on_instance_exit=None, on_pool_ready=None, disable_auto_complete=False):
         self.registry = registry
         self.repository = os.path.abspath(repository)
         self._config_name = config_name
         self._gpus = gpu_count()
         self._on_instance_exit = on_instance_exit
+        self._on_pool_ready = on_pool_ready
         self._auto_complete = not disable_auto_complete
 
     async def load_all(self, names=None) -> None:
@@ -106,6 +107,8 @@ class Loader:
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return
         mv.pool = InstancePool(workers)
+        if self._on_pool_ready is not None:
+            self._on_pool_ready(mv.pool)
         mv.scheduler = DefaultScheduler(mv.pool)
         mv.state = reg.READY
         mv.load_seconds = time.monotonic() - started

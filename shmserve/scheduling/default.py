@@ -1,5 +1,7 @@
 """Triton's default scheduler: each request runs alone, on whichever instance is free."""
 
+import asyncio
+
 from shmserve.dispatch.pool import InstancePool
 
 
@@ -8,10 +10,30 @@ class DefaultScheduler:
         self._pool = pool
 
     async def submit(self, request):
-        """Run one request; returns (WorkResponse, BatchTimings, instance)."""
+        """Run one request; returns (WorkResponse, BatchTimings).
+
+        A caller that is cancelled (client gone, deadline passed) leaves the batch running:
+        the instance stays counted as busy until it is done, and its outputs are released.
+        """
         inst = await self._pool.acquire()
+        pool = self._pool
         try:
-            responses, timings = await inst.execute([request])
-        finally:
-            self._pool.release(inst)
-        return responses[0], timings, inst
+            batch = asyncio.ensure_future(inst.execute([request]))
+        except BaseException:
+            pool.release(inst)
+            raise
+        batch.add_done_callback(lambda _: pool.release(inst))
+        try:
+            responses, timings = await asyncio.shield(batch)
+        except asyncio.CancelledError:
+            batch.add_done_callback(_discard_outputs)
+            raise
+        return responses[0], timings
+
+
+def _discard_outputs(batch: asyncio.Future) -> None:
+    if batch.cancelled() or batch.exception() is not None:
+        return
+    for response in batch.result()[0]:
+        if response.release is not None:
+            response.release()

@@ -156,3 +156,20 @@ def test_http_decompression_bomb_is_refused(server, clients):
     status, body = _post(server, "/v2/models/add_sub/infer", b"not gzip", {"Content-Encoding": "gzip"})
     assert status == 400 and b"decompress" in body, body
     _still_serving(clients["http"], "http")
+
+
+def test_unknown_shared_memory_region_is_not_found(server, clients):
+    # No region is registered, so naming one, for an input or an output, is NOT_FOUND,
+    # never silently ignored.
+    out_shm = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]},'
+               b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}],'
+               b'"outputs":[{"name":"OUTPUT0","parameters":{"shared_memory_region":"r0",'
+               b'"shared_memory_byte_size":16}}]}')
+    status, body = _post(server, "/v2/models/add_sub/infer", out_shm)
+    assert status == 404 and b"Unable to find shared memory region: 'r0'" in body, body
+    in_shm = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","parameters":'
+              b'{"shared_memory_region":"r1","shared_memory_byte_size":16}},'
+              b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    status, body = _post(server, "/v2/models/add_sub/infer", in_shm)
+    assert status == 404 and b"'r1'" in body, body
+    _still_serving(clients["http"], "http")

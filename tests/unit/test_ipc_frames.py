@@ -28,13 +28,13 @@ SAMPLES = [
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
 def test_round_trip(msg):
-    frame = codec.encode(msg)
+    frame = b"".join(codec.encode(msg))
     (body,) = codec.FrameSplitter().feed(frame)
     assert codec.decode_body(body) == msg
 
 
 def test_splitter_handles_every_split_point():
-    stream = b"".join(codec.encode(m) for m in SAMPLES)
+    stream = b"".join(b"".join(codec.encode(m)) for m in SAMPLES)
     for cut in range(0, len(stream), 7):
         splitter = codec.FrameSplitter()
         bodies = splitter.feed(stream[:cut]) + splitter.feed(stream[cut:])
@@ -42,7 +42,7 @@ def test_splitter_handles_every_split_point():
 
 
 def test_byte_at_a_time():
-    stream = codec.encode(SAMPLES[3])
+    stream = b"".join(codec.encode(SAMPLES[3]))
     splitter = codec.FrameSplitter()
     bodies = []
     for i in range(len(stream)):

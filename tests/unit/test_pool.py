@@ -18,7 +18,13 @@ class FakeInstance:
     async def execute(self, batch):
         self.batches.append(batch)
         await asyncio.sleep(0)
-        return [f"{self.instance_name}:{r}" for r in batch], None
+        return [Response(f"{self.instance_name}:{r}") for r in batch], None
+
+
+class Response:
+    def __init__(self, text, release=None):
+        self.text = text
+        self.release = release
 
 
 def run(coro):
@@ -102,8 +108,34 @@ def test_default_scheduler_runs_each_request_alone():
         a, b = FakeInstance("a"), FakeInstance("b")
         sched = DefaultScheduler(InstancePool([a, b]))
         results = await asyncio.gather(*(sched.submit(i) for i in range(6)))
-        assert sorted(r[0] for r in results) == sorted(
-            f"{inst.instance_name}:{i}" for i, (_, _, inst) in enumerate(results))
+        assert sorted(r.text.split(":")[1] for r, _ in results) == [str(i) for i in range(6)]
         assert all(len(batch) == 1 for inst in (a, b) for batch in inst.batches)
         assert a.batches and b.batches  # both instances worked
+    run(go())
+
+
+def test_cancelled_caller_leaves_the_batch_running_and_releases_its_outputs():
+    async def go():
+        released = []
+        gate = asyncio.Event()
+
+        class Gated(FakeInstance):
+            async def execute(self, batch):
+                await gate.wait()
+                return [Response("x", release=lambda: released.append(1))], None
+
+        inst = Gated("g")
+        pool = InstancePool([inst], depth=1)
+        sched = DefaultScheduler(pool)
+        caller = asyncio.ensure_future(sched.submit(0))
+        await asyncio.sleep(0)
+        caller.cancel()
+        await asyncio.sleep(0)
+        # Still running on the instance: the pool must not hand it out again yet.
+        waiter = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        gate.set()
+        assert await asyncio.wait_for(waiter, 1) is inst
+        assert released == [1]  # nobody copied the outputs out, so they were released
     run(go())
