@@ -10,10 +10,9 @@ import time
 from shmserve import __version__
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
-from shmserve.inference import InferRequest, InferResponse, OutputTensor
+from shmserve.inference import InferRequest, InferResponse, InputTensor, OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
-from shmserve.stats import ModelStats
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
 
@@ -83,7 +82,7 @@ class DataPlane:
                 versions = [self.registry.get(name, version)]
         else:
             versions = [v for v in self.registry.all_versions() if v.ready]
-        return [(mv, mv.stats or ModelStats()) for mv in sorted(versions, key=lambda v: (v.name, v.version))]
+        return [(mv, mv.stats) for mv in sorted(versions, key=lambda v: (v.name, v.version))]
 
     def repository_index(self, ready_only: bool = False) -> list:
         out = []
@@ -103,14 +102,39 @@ class DataPlane:
 
     # -- inference ----------------------------------------------------------------------
 
+    def raw_request(self, name: str, version: str, body) -> InferRequest:
+        """A request whose body is the raw bytes of the model's only input (the binary
+        extension with a zero-length header), as batch 1; every output is returned."""
+        mv = self.registry.get(name, version)
+        sig = mv.signature
+        if len(sig.inputs) != 1:
+            raise ServerError(Code.INVALID_ARG, f"Raw request must only have 1 input (found "
+                                                f"{len(sig.inputs)}) to be deduced but got "
+                                                f"{len(sig.inputs)} inputs in '{name}' model configuration")
+        (spec,) = sig.inputs.values()
+        dims = list(spec.dims)
+        nbytes = len(body)
+        if spec.datatype == "BYTES":
+            if len(dims) > 1 or (dims and dims[0] not in (-1, 1)):
+                raise ServerError(Code.INVALID_ARG, f"Raw request for BYTES input '{spec.name}' "
+                                                    f"of model '{name}' must have shape [1]")
+            dims = [1] * len(dims)
+        elif dims.count(-1) > 1:
+            raise ServerError(Code.INVALID_ARG, f"Raw request for model '{name}' cannot deduce "
+                                                f"the shape of input '{spec.name}' with more "
+                                                f"than one variable-size dimension")
+        elif -1 in dims:
+            known = datatypes.element_count(d for d in dims if d != -1) * datatypes.element_size(spec.datatype)
+            dims[dims.index(-1)] = nbytes // known if known else 0
+        shape = ([1] if sig.max_batch_size > 0 else []) + dims
+        return InferRequest(name, version, inputs=[InputTensor(spec.name, spec.datatype, shape, body)])
+
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self.accepting:
             raise ServerError(Code.UNAVAILABLE, "Server not ready")
         mv = self.registry.get(request.model_name, request.model_version)
         started = time.perf_counter_ns()
         stats = mv.stats
-        if stats is None:
-            stats = mv.stats = ModelStats()
         try:
             work, batch_size = _prepare(request, mv)
         except ServerError as exc:

@@ -58,8 +58,6 @@ class ModelMetricsCollector:
             lv = [mv.name, str(mv.version)]
             load.add_metric(lv, mv.load_seconds)
             s = mv.stats
-            if s is None:
-                continue
             success.add_metric(lv, s.success.count)
             for reason in FAILURE_REASONS:
                 failure.add_metric(lv + [reason], s.failures.get(reason, 0))

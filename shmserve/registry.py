@@ -5,6 +5,7 @@ from typing import Optional
 
 from shmserve.errors import Code, ServerError
 from shmserve.signature import ModelSignature
+from shmserve.stats import ModelStats
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -24,7 +25,7 @@ class ModelVersion:
     reason: str = ""
     pool: object = None
     scheduler: object = None
-    stats: object = None
+    stats: ModelStats = field(default_factory=ModelStats)
     load_seconds: float = 0.0
 
     @property

@@ -138,7 +138,7 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            if not any(mv.stats is not None and mv.stats.pending
+            if not any(mv.stats.pending
                        for mv in self.registry.all_versions()):
                 return
             await asyncio.sleep(0.05)

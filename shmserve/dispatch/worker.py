@@ -96,6 +96,7 @@ class WorkerHandle:
         self._generation = 0
         self.alive = False
         self._running = False  # started and not being stopped: an exit is a crash
+        self._exit_watch: Optional[asyncio.Task] = None
 
     @property
     def pid(self) -> Optional[int]:
@@ -134,7 +135,8 @@ class WorkerHandle:
         self._channel.send(messages.Init(
             **self._init_args, input_arena=self._input_arena.name,
             output_arena=self._output_arena.name, inline_threshold=INLINE_THRESHOLD))
-        asyncio.ensure_future(self._watch_exit())
+        # Held here: the event loop keeps only a weak reference to tasks.
+        self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
         if error:
             await self._reap()

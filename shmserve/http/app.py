@@ -121,8 +121,13 @@ class HttpRoutes:
         encoding = request.headers.get("Content-Encoding")
         if encoding and encoding.lower() != "identity":
             body = await _off_loop(compression.decompress, body, encoding, self.max_input_size)
-        infer_request, fmt = codec.decode_infer_request(
-            body, header_length, request.match_info["model"], _version(request))
+        if header_length == 0:  # the body is the bytes of the model's only input
+            infer_request = self.dp.raw_request(request.match_info["model"], _version(request),
+                                                body)
+            fmt = codec.OutputFormat(binary_default=True)
+        else:
+            infer_request, fmt = codec.decode_infer_request(
+                body, header_length, request.match_info["model"], _version(request))
         response = await self.dp.infer(infer_request)
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)

@@ -61,7 +61,8 @@ def decode_infer_request(
     model_version: str,
 ) -> tuple[InferRequest, OutputFormat]:
     """Parse an infer body. `header_length` is the Inference-Header-Content-Length value
-    (None: the whole body is JSON). Binary inputs are zero-copy slices of `body`."""
+    (None: the whole body is JSON; 0, a raw binary request, needs the model and is the
+    dataplane's `raw_request`). Binary inputs are zero-copy slices of `body`."""
     view = memoryview(body).cast("B")
     total = len(view)
     if header_length is None:
@@ -69,11 +70,6 @@ def decode_infer_request(
     elif header_length < 0 or header_length > total:
         raise invalid_arg(
             f"inference header size should be in range (0, {total}), got: {header_length}"
-        )
-    elif header_length == 0:
-        raise invalid_arg(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
-            "send a JSON inference header"
         )
     try:
         doc = orjson.loads(view[:header_length])

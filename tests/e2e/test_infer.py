@@ -212,3 +212,21 @@ def test_http_compression_both_ways(clients, algorithm):
     result = clients["http"].infer("add_sub", inputs, request_compression_algorithm=algorithm,
                                    response_compression_algorithm=algorithm)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x[:4] * 2)
+
+
+def test_http_raw_binary_request(server):
+    # Inference-Header-Content-Length: 0: the body is the only input's bytes, as batch 1,
+    # and every output comes back binary.
+    import urllib.request
+    x = np.arange(6, dtype=np.float32)
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/identity_fp32/infer",
+                                 data=x.tobytes(), method="POST",
+                                 headers={"Inference-Header-Content-Length": "0",
+                                          "Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req) as resp:
+        header_length = int(resp.headers["Inference-Header-Content-Length"])
+        body = resp.read()
+    header = json.loads(body[:header_length])
+    assert header["outputs"][0]["shape"] == [1, 6]
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == 24
+    np.testing.assert_array_equal(np.frombuffer(body[header_length:], np.float32), x)

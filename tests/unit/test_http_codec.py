@@ -214,10 +214,6 @@ def test_binary_data_output_false_keeps_json_default():
 # ---------------------------------------------------------------- decode errors
 
 
-def test_header_length_zero_is_not_supported():
-    assert "raw binary requests" in invalid(b"\x00\x01", 0)
-
-
 @pytest.mark.parametrize("header_length", [-1, 100])
 def test_header_length_out_of_range(header_length):
     assert invalid(b'{"inputs": []}', header_length).startswith("inference header size should be in range")
