@@ -108,9 +108,8 @@ class DataPlane:
         mv = self.registry.get(name, version)
         sig = mv.signature
         if len(sig.inputs) != 1:
-            raise ServerError(Code.INVALID_ARG, f"Raw request must only have 1 input (found "
-                                                f"{len(sig.inputs)}) to be deduced but got "
-                                                f"{len(sig.inputs)} inputs in '{name}' model configuration")
+            raise ServerError(Code.INVALID_ARG, f"a raw binary request needs a model with exactly "
+                                                f"1 input, but model '{name}' has {len(sig.inputs)}")
         (spec,) = sig.inputs.values()
         dims = list(spec.dims)
         nbytes = len(body)

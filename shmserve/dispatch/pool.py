@@ -21,7 +21,7 @@ class InstancePool:
     def __init__(self, instances: list, depth: int = PIPELINE_DEPTH):
         self.instances = list(instances)
         self.depth = depth
-        self._load = {id(i): 0 for i in self.instances}
+        self._load = dict.fromkeys(self.instances, 0)
         self._waiters: collections.deque = collections.deque()
         self._closed = False
 
@@ -33,7 +33,7 @@ class InstancePool:
         best = None
         best_load = self.depth
         for inst in self.instances:
-            load = self._load[id(inst)]
+            load = self._load[inst]
             if load < best_load and inst.alive:
                 best, best_load = inst, load
                 if load == 0:
@@ -45,7 +45,7 @@ class InstancePool:
         while True:
             inst = self._pick()
             if inst is not None:
-                self._load[id(inst)] += 1
+                self._load[inst] += 1
                 return inst
             if self._closed or not any(i.alive for i in self.instances):
                 raise ServerError(Code.UNAVAILABLE, "no model instance is available")
@@ -59,14 +59,13 @@ class InstancePool:
                 raise
 
     def release(self, inst) -> None:
-        key = id(inst)
-        if self._load[key] > 0:
-            self._load[key] -= 1
+        if self._load[inst] > 0:
+            self._load[inst] -= 1
         self._wake_next()
 
     def instance_back(self, inst) -> None:
         """A restarted instance takes work again; its old batches all failed."""
-        self._load[id(inst)] = 0
+        self._load[inst] = 0
         self.wake_all()
 
     def wake_all(self) -> None:

@@ -6,6 +6,7 @@ it), with an error naming the instance.
 """
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -279,10 +280,8 @@ class WorkerHandle:
                     data = self._output_buf[offset:offset + nbytes]
                     slots.append(offset)
                 outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-            release = None
-            if slots:
-                generation = self._generation
-                release = lambda slots=slots: self._release_outputs(slots, generation)  # noqa: E731
+            release = (functools.partial(self._release_outputs, slots, self._generation)
+                       if slots else None)
             out.append(WorkResponse(None, outputs, frame.parameters, release))
         return out
 

@@ -138,7 +138,7 @@ class HttpRoutes:
         accept = request.headers.get("Accept-Encoding")
         chosen = compression.choose(accept) if accept else None
         if chosen:
-            payload = await _off_loop(compression.compress, bytes(payload), chosen)
+            payload = await _off_loop(compression.compress, payload, chosen)
             resp.headers["Content-Encoding"] = chosen
         resp.body = payload
         if out_header is not None:

@@ -36,6 +36,7 @@ def choose(accept_encoding: str):
     return None
 
 
-def compress(body: bytes, encoding: str) -> bytes:
+def compress(body, encoding: str) -> bytes:
+    """Compress a bytes-like body (bytes or memoryview) with the chosen encoding."""
     deflater = zlib.compressobj(6, zlib.DEFLATED, _WBITS[encoding])
     return deflater.compress(body) + deflater.flush()
