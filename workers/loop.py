@@ -1,8 +1,9 @@
 """The worker's frame loop: frames in, frames out. Knows no models (that is runner.py).
 
-Inputs arrive inline or as slots of the input arena, which the model sees as zero-copy
-views. Outputs above the inline threshold are written into the output arena, whose slots
-this side allocates and the front hands back with `Release` once it has copied them out.
+A batch's inputs arrive as one block, inline or in a slot of the input arena; each input is a
+slice of it, which the model sees as a zero-copy view. Outputs above the inline threshold are
+written into the output arena, whose slots this side allocates and the front hands back with
+`Release` once it has copied them out.
 """
 
 import logging
@@ -53,29 +54,29 @@ class WorkerLoop:
             self._input_arena.close()
             self._output_arena.close()
 
-    def _input_buffer(self, location):
+    def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
-            return location
+            return memoryview(location)  # slices of a memoryview are views, of bytes copies
         _, offset, nbytes = location
         return self._input_arena.view(offset, nbytes)
 
     def _execute(self, msg: messages.Execute) -> None:
+        block = self._input_block(msg.input_block)
         requests = [
             RunnerRequest(
                 request_id=r.request_id,
                 correlation_id=r.correlation_id,
                 flags=r.flags,
                 parameters=r.parameters,
-                inputs=[RunnerInput(t.name, t.datatype, t.shape, self._input_buffer(t.location))
-                        for t in r.inputs],
+                inputs=[_runner_input(t, block) for t in r.inputs],
                 requested_output_names=r.requested_outputs,
             )
             for r in msg.requests
         ]
         responses, timings = self._runner.execute(requests)
         # The model may keep no reference to its inputs past execute (as in Triton), so the
-        # views are dropped here and the front may reuse the input slots.
-        del requests
+        # views are dropped here and the front may reuse the input slot.
+        del requests, block
         frames = []
         for resp in responses:
             if resp.error is not None:
@@ -107,6 +108,12 @@ class WorkerLoop:
         else:
             np.copyto(np.frombuffer(dst, dtype=arr.dtype).reshape(arr.shape), arr)
         return (messages.OUTPUT_ARENA, offset, nbytes)
+
+
+def _runner_input(ref: messages.TensorRef, block: memoryview) -> RunnerInput:
+    offset, nbytes = ref.location
+    return RunnerInput(ref.name, ref.datatype, ref.shape, block[offset:offset + nbytes],
+                       block, offset)
 
 
 def _raw(arr: np.ndarray) -> memoryview:

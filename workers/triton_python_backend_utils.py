@@ -3,6 +3,8 @@
 The API of Triton's Python backend module of the same name, written for shmserve: the runner puts
 this module in `sys.modules` under that name before it imports a model, so `model.py` files
 written for Triton run unchanged. Names, signatures, constants and error texts follow Triton.
+One addition is shmserve's own: `batched_input`, a zero-copy [N, ...] view of an input over a
+batch of requests.
 
 Tensors hold a numpy array (or a cupy array for GPU tensors made with `Tensor.from_dlpack`).
 BYTES tensors hold object arrays of bytes; BF16 tensors hold their bits as uint16 storage.
@@ -192,7 +194,9 @@ def _datatype_of(dtype: np.dtype) -> str:
 
 
 class Tensor:
-    __slots__ = ("_name", "_array", "_datatype", "_device_id")
+    # _batch: (batch array, start row, stop row) when the runner made `_array` a row slice of
+    # one array over the same input of several requests (see `batched_input`); else None.
+    __slots__ = ("_name", "_array", "_datatype", "_device_id", "_batch")
 
     def __init__(self, name, numpy_array):
         _check_tensor_name(name)
@@ -209,15 +213,18 @@ class Tensor:
         self._array = array
         self._datatype = datatype
         self._device_id = None
+        self._batch = None
 
     @classmethod
-    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None) -> "Tensor":
+    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None,
+              batch: tuple | None = None) -> "Tensor":
         """A tensor over an array already in wire layout (no checks, no copy): the runner's path."""
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
         tensor._datatype = datatype
         tensor._device_id = device_id
+        tensor._batch = batch
         return tensor
 
     def name(self):
@@ -545,6 +552,52 @@ def get_input_tensor_by_name(inference_request, name):
         if tensor.name() == name:
             return tensor
     return None
+
+
+def batched_input(requests, name):
+    """Input `name` of all `requests` as one numpy array [N, ...], N the sum of their batch sizes.
+
+    A shmserve extension, not part of Triton's pb_utils: a model that must also run on Triton
+    can look it up with `getattr(pb_utils, "batched_input", None)` and concatenate itself when
+    it is None. When the requests' tensors are consecutive row slices of one array, in request
+    order (shmserve lays out the inputs of a batch that way for a model with max_batch_size >
+    0), the result is a view of that array, without a copy; otherwise it is np.concatenate of
+    each request's `as_numpy()`. Views of the server's input buffers are valid only during
+    execute(), like the tensors themselves.
+    """
+    tensors = []
+    for request in requests:
+        tensor = get_input_tensor_by_name(request, name)
+        if tensor is None:
+            raise TritonModelException(
+                f"batched_input: request '{request.request_id()}' has no input '{name}'"
+            )
+        tensors.append(tensor)
+    if not tensors:
+        raise TritonModelException(f"batched_input: no requests to batch input '{name}' of")
+    arrays = [tensor.as_numpy() for tensor in tensors]
+    if len(arrays) == 1:
+        return arrays[0]
+    view = _batch_view(tensors)
+    if view is not None:
+        return view
+    try:
+        return np.concatenate(arrays)
+    except ValueError as exc:
+        raise TritonModelException(f"batched_input: cannot batch input '{name}': {exc}") from None
+
+
+def _batch_view(tensors):
+    """The rows of one batch array that `tensors` are, in order and without gaps; else None."""
+    if tensors[0]._batch is None:
+        return None
+    array, start, stop = tensors[0]._batch
+    for tensor in tensors[1:]:
+        batch = tensor._batch
+        if batch is None or batch[0] is not array or batch[1] != stop:
+            return None
+        stop = batch[2]
+    return array if start == 0 and stop == len(array) else array[start:stop]
 
 
 def get_output_tensor_by_name(inference_response, name):

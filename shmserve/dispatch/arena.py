@@ -30,12 +30,19 @@ class InputArena:
     def name(self) -> str:
         return self.segment.name
 
-    def put(self, data) -> int | None:
-        """Copy `data` into a fresh slot; its offset, or None when the arena is full."""
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
-        offset = self._alloc.alloc(n)
-        if offset is not None:
-            self._buf[offset:offset + n] = data
+    def put(self, pieces: list, nbytes: int) -> int | None:
+        """Copy the bytes-like `pieces` back to back into a fresh slot of `nbytes`; its offset,
+        or None when the arena is full. Written piece by piece: joining them first would copy
+        every byte twice."""
+        offset = self._alloc.alloc(nbytes)
+        if offset is None:
+            return None
+        buf = self._buf
+        pos = offset
+        for piece in pieces:
+            end = pos + (piece.nbytes if isinstance(piece, memoryview) else len(piece))
+            buf[pos:end] = piece
+            pos = end
         return offset
 
     def free(self, offset: int) -> None:

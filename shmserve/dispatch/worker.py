@@ -1,6 +1,8 @@
 """One model instance as seen from the front: its process, its channel, its arenas.
 
 `execute` sends one Execute frame per batch and resolves when the Result frame comes back.
+The batch's input bytes travel as one block (see `_layout`): inline in the frame when small,
+else in one slot of the input arena, freed when the Result frame comes back.
 A worker that dies fails the batches it holds (the running one and the one queued behind
 it), with an error naming the instance.
 """
@@ -23,8 +25,12 @@ from shmserve.ipc.channel import AsyncChannel
 log = logging.getLogger("shmserve.dispatch")
 
 # Tensors up to this size travel inside the control frame: for small tensors a memcpy into
-# the frame is cheaper than an arena slot and its release message.
+# the frame is cheaper than an arena slot and its release message. For inputs it bounds the
+# batch's whole input block.
 INLINE_THRESHOLD = 64 * 1024
+# Each input name's run of tensors starts at a multiple of this in the input block, so that
+# every tensor stays as aligned as one placed alone (arena slots are 64-byte aligned).
+BLOCK_ALIGNMENT = 64
 ARENA_BYTES = 256 * 1024 * 1024  # sparse: pages cost memory only once touched
 
 
@@ -84,7 +90,7 @@ class WorkerHandle:
                                instance_kind=instance_kind, device_id=device_id)
         self._on_exit = on_exit
         self._batch_ids = itertools.count(1)
-        self._pending: dict = {}  # batch id -> (future, input offsets)
+        self._pending: dict = {}  # batch id -> (future, input-arena slot or None)
         self._channel: Optional[AsyncChannel] = None
         self._process: Optional[asyncio.subprocess.Process] = None
         self._ready: Optional[asyncio.Future] = None
@@ -151,29 +157,22 @@ class WorkerHandle:
             raise ServerError(Code.UNAVAILABLE,
                               f"model instance '{self.instance_name}' is not available")
         batch_id = next(self._batch_ids)
-        offsets = []
-        frames = []
+        slot = None
         try:
-            for req in batch:
-                refs = []
-                for t in req.inputs:
-                    refs.append(messages.TensorRef(t.name, t.datatype, t.shape,
-                                                   self._place_input(t.data, offsets)))
-                frames.append(messages.RequestFrame(req.request_id, req.correlation_id,
-                                                    req.flags, req.parameters, refs,
-                                                    req.requested_outputs))
+            frames, pieces, nbytes = _layout(batch)
+            block, slot = self._place_block(pieces, nbytes)
             future = asyncio.get_running_loop().create_future()
-            self._pending[batch_id] = (future, offsets)
-            self._channel.send(messages.Execute(batch_id, frames))
+            self._pending[batch_id] = (future, slot)
+            self._channel.send(messages.Execute(batch_id, block, frames))
         except ConnectionError:
             self._pending.pop(batch_id, None)
-            self._free_inputs(offsets)
+            self._free_block(slot)
             self.alive = False
             raise ServerError(Code.UNAVAILABLE,
                               f"model instance '{self.instance_name}' is not available") from None
         except BaseException:
             self._pending.pop(batch_id, None)
-            self._free_inputs(offsets)
+            self._free_block(slot)
             raise
         return await future
 
@@ -222,28 +221,27 @@ class WorkerHandle:
             self._output_arena.unlink()
             self._output_arena = None
 
-    def _place_input(self, data, offsets: list):
-        n = data.nbytes if isinstance(data, memoryview) else len(data)
-        if n <= INLINE_THRESHOLD:
-            return data
-        offset = self._input_arena.put(data)
-        if offset is None:
-            return data  # arena full: fall back to inline bytes
-        offsets.append(offset)
-        return (messages.INPUT_ARENA, offset, n)
+    def _place_block(self, pieces: list, nbytes: int) -> tuple:
+        """(the Execute frame's input block, its input-arena slot or None)."""
+        if nbytes > INLINE_THRESHOLD:
+            slot = self._input_arena.put(pieces, nbytes)
+            if slot is not None:
+                return (messages.INPUT_ARENA, slot, nbytes), slot
+            # arena full: correctness over speed, the block goes inline
+        # msgpack copies a lone piece into the frame as it is: joining would copy it twice.
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), None
 
-    def _free_inputs(self, offsets: list) -> None:
-        if self._input_arena is not None:
-            for offset in offsets:
-                self._input_arena.free(offset)
+    def _free_block(self, slot: Optional[int]) -> None:
+        if slot is not None and self._input_arena is not None:
+            self._input_arena.free(slot)
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, messages.Result):
             entry = self._pending.pop(msg.batch_id, None)
             if entry is None:
                 return
-            future, offsets = entry
-            self._free_inputs(offsets)
+            future, slot = entry
+            self._free_block(slot)
             responses = self._responses(msg)
             if future.done():  # the caller gave up: nobody will copy these outputs out
                 for r in responses:
@@ -306,13 +304,62 @@ class WorkerHandle:
 
     def _fail_pending(self, why: str) -> None:
         pending, self._pending = self._pending, {}
-        for future, offsets in pending.values():
-            self._free_inputs(offsets)
+        for future, slot in pending.values():
+            self._free_block(slot)
             if not future.done():
                 future.set_exception(ServerError(
                     Code.INTERNAL,
                     f"Failed to process the request(s) for model instance "
                     f"'{self.instance_name}', message: the instance's process {why}"))
+
+
+def _layout(batch: list) -> tuple[list, list, int]:
+    """The batch's RequestFrames, with its input bytes laid out as one block, input-major: for
+    each input name, in order of first appearance, the tensors of that name of every request
+    that has one, back to back in batch order (so a batched model can view them as one array).
+
+    Returns the frames (each input located within the block), the block's pieces in order
+    (alignment padding included), and the block's size.
+    """
+    frames = []
+    placed = []  # (TensorRef, its bytes)
+    for req in batch:
+        refs = []
+        for t in req.inputs:
+            ref = messages.TensorRef(t.name, t.datatype, t.shape, None)
+            refs.append(ref)
+            placed.append((ref, t.data))
+        frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
+                                            req.parameters, refs, req.requested_outputs))
+    if len(batch) > 1:  # one request's input names are distinct: already input-major
+        placed = _by_name(placed)
+    pieces = []
+    size = 0
+    name = None
+    for ref, data in placed:
+        if ref.name != name:
+            name = ref.name
+            pad = -size % BLOCK_ALIGNMENT
+            if pad:
+                pieces.append(bytes(pad))
+                size += pad
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        ref.location = (size, n)
+        pieces.append(data)
+        size += n
+    return frames, pieces, size
+
+
+def _by_name(placed: list) -> list:
+    """`placed` grouped by input name, names in order of first appearance, order kept within."""
+    runs: dict = {}
+    for pair in placed:
+        run = runs.get(pair[0].name)
+        if run is None:
+            runs[pair[0].name] = [pair]
+        else:
+            run.append(pair)
+    return [pair for run in runs.values() for pair in run]
 
 
 def _code(name: str) -> Code:

@@ -2,9 +2,15 @@
 
 Each message is a named struct with a type tag; on the wire it is a msgpack array
 `[tag, field, ...]` (arrays rather than maps keep frames small and encoding cheap on the
-hot path). Tensors travel as `TensorRef`s whose location is either inline bytes or a slot
-`[arena, offset, nbytes]` in one of the two shared-memory arenas the front created for the
-worker.
+hot path). Tensors travel as `TensorRef`s.
+
+The inputs of a batch travel as one block: `Execute.input_block` is either inline bytes or a
+slot `[INPUT_ARENA, offset, nbytes]` of the input arena, and an input's location is
+`[offset, nbytes]` within that block. The front lays the block out input-major (each input
+name's tensors of all requests back to back, in batch order; padding between names keeps each
+name's run aligned), so a batched model can view one input of the whole batch as one array. An output's location is inline bytes or a slot
+`[OUTPUT_ARENA, offset, nbytes]` of the output arena, which the worker allocates. The front
+created both arenas for the worker.
 """
 
 from dataclasses import dataclass, field
@@ -22,7 +28,8 @@ class TensorRef:
     name: str
     datatype: str
     shape: list
-    # bytes: inline data; tuple/list (arena, offset, nbytes): a slot in a shared arena.
+    # Input: (offset, nbytes) within the batch's input block.
+    # Output: bytes (inline data) or (OUTPUT_ARENA, offset, nbytes), a slot of the output arena.
     location: Union[bytes, tuple, list]
 
     def to_wire(self) -> list:
@@ -90,14 +97,16 @@ class RequestFrame:
 @dataclass(slots=True)
 class Execute:
     batch_id: int
+    # The bytes of every input of the batch: inline bytes or (INPUT_ARENA, offset, nbytes).
+    input_block: Union[bytes, memoryview, tuple, list]
     requests: list  # of RequestFrame
 
     def to_wire(self) -> list:
-        return [EXECUTE, self.batch_id, [r.to_wire() for r in self.requests]]
+        return [EXECUTE, self.batch_id, self.input_block, [r.to_wire() for r in self.requests]]
 
     @staticmethod
     def from_wire(w: list) -> "Execute":
-        return Execute(w[1], [RequestFrame.from_wire(r) for r in w[2]])
+        return Execute(w[1], w[2], [RequestFrame.from_wire(r) for r in w[3]])
 
 
 @dataclass(slots=True)

@@ -13,11 +13,18 @@ SAMPLES = [
                   "/shmserve.1.a", "/shmserve.1.b", 65536),
     messages.Ready(""),
     messages.Ready("ImportError: no module"),
-    messages.Execute(7, [messages.RequestFrame(
-        "id-1", 42, 3, {"k": "v", "n": 1, "b": True, "f": 0.5},
-        [messages.TensorRef("IN", "FP32", [1, 4], b"\x00" * 16),
-         messages.TensorRef("BIG", "UINT8", [1 << 20], [messages.INPUT_ARENA, 4096, 1 << 20])],
-        ["OUT"])]),
+    messages.Execute(7, [messages.INPUT_ARENA, 4096, (1 << 20) + 64], [
+        messages.RequestFrame("id-1", 42, 3, {"k": "v", "n": 1, "b": True, "f": 0.5},
+                              [messages.TensorRef("IN", "FP32", [1, 4], [0, 16]),
+                               messages.TensorRef("BIG", "UINT8", [1, 1 << 20], [64, 1 << 20])],
+                              ["OUT"]),
+        messages.RequestFrame("id-2", 0, 0, {}, [], [])]),
+    messages.Execute(8, b"\x01" * 24, [
+        messages.RequestFrame("a", 0, 0, {}, [messages.TensorRef("IN", "FP32", [1, 2], [0, 8])],
+                              ["OUT"]),
+        messages.RequestFrame("b", 0, 0, {}, [messages.TensorRef("IN", "FP32", [2, 2], [8, 16])],
+                              ["OUT"])]),
+    messages.Execute(9, b"", [messages.RequestFrame("", 0, 0, {}, [], [])]),
     messages.Result(7, [messages.ResponseFrame(None, [messages.TensorRef("OUT", "BYTES", [1], b"\x01\x00\x00\x00x")], {"p": 1}),
                         messages.ResponseFrame(["INTERNAL", "boom"], [], {})], 1, 2, 3),
     messages.Release([0, 64, 128]),

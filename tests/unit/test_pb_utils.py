@@ -277,6 +277,50 @@ def test_bls_request_constructs_but_exec_is_unsupported():
                                   correlation_id=1.5)
 
 
+def bls_request(request_id, **inputs):
+    return pb_utils.InferenceRequest(
+        request_id=request_id, model_name="m", requested_output_names=[],
+        inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()])
+
+
+def test_batched_input_of_requests_a_model_built():
+    first, second = np.arange(6).reshape(2, 3), np.full((1, 3), 9)
+    requests = [bls_request("a", X=first), bls_request("b", X=second, Y=np.ones(1))]
+    whole = pb_utils.batched_input(requests, "X")
+    np.testing.assert_array_equal(whole, np.concatenate([first, second]))
+    assert not np.shares_memory(whole, first)
+    assert pb_utils.batched_input(requests[:1], "X") is requests[0].inputs()[0].as_numpy()
+    strings = [bls_request("a", S=np.array([b"x"], np.object_)),
+               bls_request("b", S=np.array([b"yz"], np.object_))]
+    assert pb_utils.batched_input(strings, "S").tolist() == [b"x", b"yz"]
+
+
+def test_batched_input_views_rows_of_one_batch_array():
+    batch = np.arange(8).reshape(4, 2)
+    tensors = [pb_utils.Tensor._wrap("X", batch[start:stop], "INT64", batch=(batch, start, stop))
+               for start, stop in [(0, 1), (1, 3), (3, 4)]]
+    requests = [bls_request(str(k)) for k in range(3)]
+    for request, tensor in zip(requests, tensors):
+        request.inputs().append(tensor)
+    assert pb_utils.batched_input(requests, "X") is batch
+    tail = pb_utils.batched_input(requests[1:], "X")
+    assert np.shares_memory(tail, batch) and tail.tolist() == batch[1:].tolist()
+    out_of_order = pb_utils.batched_input(requests[::-1], "X")
+    assert not np.shares_memory(out_of_order, batch)
+    assert out_of_order.tolist() == [[6, 7], [2, 3], [4, 5], [0, 1]]
+
+
+def test_batched_input_errors():
+    requests = [bls_request("a", X=np.ones((1, 2))), bls_request("b", Y=np.ones((1, 2)))]
+    with pytest.raises(pb_utils.TritonModelException, match="request 'b' has no input 'X'"):
+        pb_utils.batched_input(requests, "X")
+    with pytest.raises(pb_utils.TritonModelException, match="no requests"):
+        pb_utils.batched_input([], "X")
+    mismatched = [bls_request("a", X=np.ones((1, 2))), bls_request("b", X=np.ones((1, 3)))]
+    with pytest.raises(pb_utils.TritonModelException, match="cannot batch input 'X'"):
+        pb_utils.batched_input(mismatched, "X")
+
+
 def test_model_control_is_unsupported():
     for call in (lambda: pb_utils.load_model("m"), lambda: pb_utils.unload_model("m"),
                  lambda: pb_utils.is_model_ready("m")):

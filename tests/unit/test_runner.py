@@ -428,3 +428,135 @@ def test_finalize_is_called(make_runner, tmp_path):
     runner.initialize()
     runner.finalize()
     assert marker.exists()
+
+
+# --- inputs in one block ----------------------------------------------------------------------
+
+BATCHED = dict(CONFIG, max_batch_size=8)
+
+# Keeps what the model saw: each request's IN, and batched_input over all and all but the first.
+BATCH_VIEWER = """
+import triton_python_backend_utils as pb_utils
+seen = {}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen["each"] = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() for r in requests]
+        seen["whole"] = pb_utils.batched_input(requests, "IN")
+        seen["tail"] = pb_utils.batched_input(requests[1:], "IN")
+        return [pb_utils.InferenceResponse() for _ in requests]
+"""
+
+
+def block_requests(tensors, gaps=None):
+    """One request per (datatype, shape, bytes) in `tensors`, whose input IN is a slice of one
+    block where the tensors lie back to back, with gaps[k] spare bytes before the k-th."""
+    gaps = gaps or [0] * len(tensors)
+    block = memoryview(bytearray(sum(gaps) + sum(len(data) for _, _, data in tensors)))
+    requests = []
+    offset = 0
+    for k, ((datatype, shape, data), gap) in enumerate(zip(tensors, gaps)):
+        offset += gap
+        block[offset:offset + len(data)] = data
+        tensor = RunnerInput("IN", datatype, list(shape), block[offset:offset + len(data)],
+                             block, offset)
+        requests.append(RunnerRequest(f"r{k}", 0, 0, {}, [tensor], ["OUT"]))
+        offset += len(data)
+    return block, requests
+
+
+def fp32(array):
+    array = np.asarray(array, dtype=np.float32)
+    return "FP32", array.shape, array.tobytes()
+
+
+def seen_by(runner, requests):
+    for response in run(runner, *requests):
+        assert response.error is None, response.error
+    return importlib.import_module("1.model").seen
+
+
+def test_adjacent_inputs_of_a_batch_are_views_of_one_array(make_runner):
+    runner = make_runner(BATCH_VIEWER, config=BATCHED)
+    runner.initialize()
+    arrays = [np.full((1, 3), 1.0), np.arange(6).reshape(2, 3), np.full((1, 3), 7.0)]
+    block, requests = block_requests([fp32(a) for a in arrays])
+    seen = seen_by(runner, requests)
+    whole = seen["whole"]
+    assert whole.shape == (4, 3) and whole.dtype == np.float32
+    np.testing.assert_array_equal(whole, np.concatenate(arrays))
+    assert np.shares_memory(whole, np.frombuffer(block, np.uint8))
+    for array, each in zip(arrays, seen["each"]):
+        assert each.shape == array.shape and np.shares_memory(each, whole)
+    np.testing.assert_array_equal(seen["tail"], whole[1:])
+    assert np.shares_memory(seen["tail"], whole)
+    block[0:4] = np.float32(-1).tobytes()  # views, not copies
+    assert whole[0, 0] == seen["each"][0][0, 0] == -1
+
+
+@pytest.mark.parametrize("tensors,gaps,config", [
+    ([fp32([[1, 2]]), fp32([[3, 4]]), fp32([[5, 6], [7, 8]])], [0, 8, 0], BATCHED),
+    ([fp32([[1, 2]]), ("INT32", [1, 2], np.array([[3, 4]], np.int32).tobytes()),
+      fp32([[5, 6], [7, 8]])], None, BATCHED),
+    ([fp32([[1, 2]]), fp32([[3, 4]]), fp32([[5, 6], [7, 8]])], None, CONFIG),
+], ids=["gap", "datatype", "not-batching"])
+def test_inputs_that_are_not_one_run_are_copied(make_runner, tensors, gaps, config):
+    runner = make_runner(BATCH_VIEWER, config=config)
+    runner.initialize()
+    block, requests = block_requests(tensors, gaps)
+    seen = seen_by(runner, requests)
+    np.testing.assert_array_equal(seen["whole"], [[1, 2], [3, 4], [5, 6], [7, 8]])
+    assert not np.shares_memory(seen["whole"], np.frombuffer(block, np.uint8))
+    for (_, shape, data), each in zip(tensors, seen["each"]):
+        assert list(each.shape) == list(shape) and each.tobytes() == data
+        assert np.shares_memory(each, np.frombuffer(block, np.uint8))
+
+
+def test_rows_of_another_shape_end_a_run(make_runner):
+    runner = make_runner("""
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        seen = {}
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                seen["each"] = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                                for r in requests]
+                seen["head"] = pb_utils.batched_input(requests[:2], "IN")
+                try:
+                    pb_utils.batched_input(requests, "IN")
+                except pb_utils.TritonModelException as exc:
+                    seen["error"] = str(exc)
+                return [pb_utils.InferenceResponse() for _ in requests]
+    """, config=BATCHED)
+    runner.initialize()
+    arrays = [np.ones((1, 2)), np.zeros((2, 2)), np.arange(3).reshape(1, 3)]
+    block, requests = block_requests([fp32(a) for a in arrays])
+    seen = seen_by(runner, requests)
+    for array, each in zip(arrays, seen["each"]):
+        np.testing.assert_array_equal(each, array)
+    assert not np.shares_memory(seen["each"][2], seen["head"])
+    assert np.shares_memory(seen["each"][0], seen["head"])
+    assert "cannot batch input 'IN'" in seen["error"]
+
+
+def test_malformed_input_in_a_block_fails_only_its_request(make_runner):
+    runner = make_runner(DOUBLE, config=BATCHED)
+    runner.initialize()
+    _, requests = block_requests([fp32([[1]]), ("FP32", [1, 1], b"\x00" * 7), fp32([[5]])])
+    good, bad, other = run(runner, *requests)
+    assert bad.error[0] == "INVALID_ARG" and "'IN'" in bad.error[1]
+    assert outputs_of(good)["OUT"].array.tolist() == [[2.0]]
+    assert outputs_of(other)["OUT"].array.tolist() == [[10.0]]
+
+
+def test_bytes_inputs_in_a_block(make_runner):
+    runner = make_runner(BATCH_VIEWER, config=BATCHED)
+    runner.initialize()
+    values = [[[b"a", b"bc"]], [[b"", b"x"], [b"def", b"g"]]]
+    _, requests = block_requests(
+        [("BYTES", np.shape(v), datatypes.serialize_bytes(np.ravel(v))) for v in values])
+    seen = seen_by(runner, requests)
+    assert [each.tolist() for each in seen["each"]] == values
+    assert seen["whole"].dtype == np.object_ and seen["whole"].tolist() == values[0] + values[1]
+    assert seen["tail"].tolist() == values[1]
