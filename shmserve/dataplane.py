@@ -13,6 +13,7 @@ from shmserve.errors import Code, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
+from shmserve.scheduling.queue import QueueRejection
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
 
@@ -134,16 +135,23 @@ class DataPlane:
         mv = self.registry.get(request.model_name, request.model_version)
         started = time.perf_counter_ns()
         stats = mv.stats
+        params = request.parameters
         try:
             work, batch_size = _prepare(request, mv)
+            priority = _uint_parameter(params, "priority")
+            timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
             stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
             # Triton names the request in validation errors.
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
                                         f"{exc.message}") from None
-        stats.pending += 1
+        stats.inflight += 1
         try:
-            response, timings = await mv.scheduler.submit(work)
+            response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
+                                                                    timeout_us)
+        except QueueRejection:
+            stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            raise
         except ServerError:
             stats.record_failure(time.perf_counter_ns() - started, "OTHER")
             raise
@@ -151,15 +159,12 @@ class DataPlane:
             stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
         finally:
-            stats.pending -= 1
+            stats.inflight -= 1
         if response.error is not None:
             stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
             raise response.error
-        total = time.perf_counter_ns() - started
-        compute = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
-        stats.record_success(batch_size=batch_size, request_ns=total,
-                             queue_ns=max(0, total - compute),
-                             compute_input_ns=timings.compute_input_ns,
+        stats.record_success(batch_size=batch_size, request_ns=time.perf_counter_ns() - started,
+                             queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
                              compute_infer_ns=timings.compute_infer_ns,
                              compute_output_ns=timings.compute_output_ns)
         return _response(request, mv, response)
@@ -251,6 +256,14 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
     work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
                        requested)
     return work, batch_size
+
+
+def _uint_parameter(params: dict, name: str) -> int:
+    value = params.get(name, 0) if params else 0
+    if type(value) is not int or value < 0:
+        raise ServerError(Code.INVALID_ARG, f"parameter '{name}' must be a non-negative "
+                                            f"integer, got {value!r}")
+    return value
 
 
 def _no_such_region(parameters: dict) -> None:

@@ -138,7 +138,7 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            if not any(mv.stats.pending
+            if not any(mv.stats.inflight
                        for mv in self.registry.all_versions()):
                 return
             await asyncio.sleep(0.05)

@@ -39,26 +39,30 @@ class ModelStats:
     # Failures by Triton's metric reason: REJECTED, CANCELED, BACKEND, OTHER.
     failures: dict = field(default_factory=dict)
     batches: dict = field(default_factory=dict)  # batch size -> BatchStats
-    pending: int = 0
+    pending: int = 0  # queued in the scheduler, not yet executing
+    inflight: int = 0  # accepted and not yet answered
 
     def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,
-                       compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int,
-                       executions: int = 1) -> None:
+                       compute_input_ns: int, compute_infer_ns: int,
+                       compute_output_ns: int) -> None:
+        """One request answered; its compute times are those of the batch it ran in."""
         self.inference_count += batch_size
-        self.execution_count += executions
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.success.add(request_ns)
         self.queue.add(queue_ns)
         self.compute_input.add(compute_input_ns)
         self.compute_infer.add(compute_infer_ns)
         self.compute_output.add(compute_output_ns)
-        if executions:
-            b = self.batches.get(batch_size)
-            if b is None:
-                b = self.batches[batch_size] = BatchStats()
-            b.compute_input.add(compute_input_ns)
-            b.compute_infer.add(compute_infer_ns)
-            b.compute_output.add(compute_output_ns)
+
+    def record_execution(self, batch_size: int, timings) -> None:
+        """One batch executed (batch_size: the sum of its requests' batch sizes)."""
+        self.execution_count += 1
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStats()
+        b.compute_input.add(timings.compute_input_ns)
+        b.compute_infer.add(timings.compute_infer_ns)
+        b.compute_output.add(timings.compute_output_ns)
 
     def record_failure(self, request_ns: int, reason: str) -> None:
         self.fail.add(request_ns)

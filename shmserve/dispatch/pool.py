@@ -23,11 +23,31 @@ class InstancePool:
         self.depth = depth
         self._load = dict.fromkeys(self.instances, 0)
         self._waiters: collections.deque = collections.deque()
+        self._listeners: list = []
         self._closed = False
 
     @property
     def ready(self) -> bool:
         return not self._closed and any(i.alive for i in self.instances)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_listener(self, callback) -> None:
+        """`callback()` runs whenever room may have appeared (a batch ended, an instance came
+        back) or the pool closed: schedulers that dispatch without waiting use it."""
+        self._listeners.append(callback)
+
+    def try_acquire(self):
+        """An instance with room for one more batch, or None; never waits."""
+        inst = self._pick()
+        if inst is not None:
+            self._load[inst] += 1
+        return inst
+
+    def has_room(self) -> bool:
+        return self._pick() is not None
 
     def _pick(self):
         best = None
@@ -62,6 +82,7 @@ class InstancePool:
         if self._load[inst] > 0:
             self._load[inst] -= 1
         self._wake_next()
+        self._notify()
 
     def instance_back(self, inst) -> None:
         """A restarted instance takes work again; its old batches all failed."""
@@ -74,6 +95,11 @@ class InstancePool:
             w = self._waiters.popleft()
             if not w.done():
                 w.set_result(None)
+        self._notify()
+
+    def _notify(self) -> None:
+        for callback in self._listeners:
+            callback()
 
     def _wake_next(self) -> None:
         while self._waiters:

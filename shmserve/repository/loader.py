@@ -20,6 +20,8 @@ from shmserve.errors import Code, ServerError
 from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import scan_repository, select_versions
 from shmserve.scheduling.default import DefaultScheduler
+from shmserve.scheduling.dynamic import DynamicBatcher
+from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
 
 log = logging.getLogger("shmserve.repository")
@@ -106,10 +108,18 @@ class Loader:
             mv.reason = err.message if isinstance(err, ServerError) else f"{type(err).__name__}: {err}"
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return
-        mv.pool = InstancePool(workers)
+        pool = InstancePool(workers)
+        try:
+            mv.scheduler = _scheduler(config, config_json, pool, mv.stats, entry.path, version)
+        except ServerError as exc:
+            await asyncio.gather(*(w.stop() for w in workers))
+            mv.state = reg.UNAVAILABLE
+            mv.reason = exc.message
+            log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
+            return
+        mv.pool = pool
         if self._on_pool_ready is not None:
-            self._on_pool_ready(mv.pool)
-        mv.scheduler = DefaultScheduler(mv.pool)
+            self._on_pool_ready(pool)
         mv.state = reg.READY
         mv.load_seconds = time.monotonic() - started
         log.info("model '%s' version %d is ready (%d instance(s), %.2fs)", entry.name, version,
@@ -119,6 +129,8 @@ class Loader:
         stops = []
         for mv in self.registry.all_versions():
             mv.state = reg.UNLOADING
+            if mv.scheduler is not None:
+                mv.scheduler.close()
             if mv.pool is not None:
                 mv.pool.close()
                 stops.extend(w.stop() for w in mv.pool.instances)
@@ -126,6 +138,13 @@ class Loader:
         for mv in self.registry.all_versions():
             mv.state = reg.UNAVAILABLE
             mv.reason = "unloaded"
+
+
+def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: int):
+    if config.HasField("dynamic_batching"):
+        strategy = BatchStrategy.find(model_dir, version, config, config_json)
+        return DynamicBatcher.from_config(pool, stats, config, strategy)
+    return DefaultScheduler(pool, stats)
 
 
 def _run_gpu_groups_on_cpu(config, model_name: str) -> None:

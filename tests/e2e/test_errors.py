@@ -66,8 +66,8 @@ CASES = {
                        lambda p: [_inp(p, "INPUT0", np.ones(4, np.int32), "INT32"), _inp(p, "INPUT1", F4)], {}),
     "wrong shape": ("INVALID_ARG", "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [4], got [5]",
                     "add_sub", lambda p: [_inp(p, "INPUT0", np.ones(5, np.float32)), _inp(p, "INPUT1", F4)], {}),
-    "batch too large": ("INVALID_ARG", "inference request batch-size must be <= 8 for 'identity_fp32'",
-                        "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((9, 2), np.float32))], {}),
+    "batch too large": ("INVALID_ARG", "inference request batch-size must be <= 64 for 'identity_fp32'",
+                        "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((65, 2), np.float32))], {}),
     "unknown output": ("INVALID_ARG", "unexpected inference output 'OUTPUT7' for model 'add_sub'", "add_sub",
                        lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4)],
                        {"outputs": "OUTPUT7"}),
@@ -92,7 +92,7 @@ def test_bad_request(clients, protocol, case):
 
 def test_batch_error_names_the_request(clients):
     with pytest.raises(InferenceServerException) as e:
-        clients["http"].infer("identity_fp32", [_inp("http", "INPUT0", np.ones((9, 2), np.float32))])
+        clients["http"].infer("identity_fp32", [_inp("http", "INPUT0", np.ones((65, 2), np.float32))])
     assert e.value.message().startswith("[request id: <id_unknown>] inference request batch-size")
 
 

@@ -69,15 +69,22 @@ def test_model_ready(http, grpc):
 def test_model_config_rendered_as_triton(server, http, grpc):
     cfg = http.get_model_config("identity_fp32")
     assert cfg["name"] == "identity_fp32"
-    assert cfg["max_batch_size"] == 8
+    assert cfg["max_batch_size"] == 64
     assert cfg["input"][0]["dims"] == [-1]  # int64 as JSON numbers
     assert cfg["input"][0]["data_type"] == "TYPE_FP32"
     assert cfg["instance_group"][0]["kind"] == "KIND_CPU"
-    assert "dynamic_batching" not in cfg and "sequence_batching" not in cfg
-    raw = urllib.request.urlopen(f"http://{server.http_url}/v2/models/add_sub/config").read()
-    assert json.loads(raw)["backend"] == "python"
+    # Real Triton 2.51 renders `dynamic_batching { }` with max_batch_size 64 exactly so.
+    assert cfg["dynamic_batching"] == {
+        "preferred_batch_size": [64], "max_queue_delay_microseconds": 0,
+        "preserve_ordering": False, "priority_levels": 0, "default_priority_level": 0,
+        "priority_queue_policy": {}}
+    assert "sequence_batching" not in cfg
+    raw = json.loads(urllib.request.urlopen(
+        f"http://{server.http_url}/v2/models/add_sub/config").read())
+    assert raw["backend"] == "python"
+    assert "dynamic_batching" not in raw and "sequence_batching" not in raw
     gcfg = grpc.get_model_config("identity_fp32").config
-    assert gcfg.max_batch_size == 8
+    assert gcfg.max_batch_size == 64
     assert list(gcfg.input[0].dims) == [-1]
 
 

@@ -6,7 +6,9 @@ import pytest
 
 from shmserve.dispatch.pool import InstancePool
 from shmserve.errors import Code, ServerError
+from shmserve.dispatch.worker import BatchTimings
 from shmserve.scheduling.default import DefaultScheduler
+from shmserve.stats import ModelStats
 
 
 class FakeInstance:
@@ -18,7 +20,7 @@ class FakeInstance:
     async def execute(self, batch):
         self.batches.append(batch)
         await asyncio.sleep(0)
-        return [Response(f"{self.instance_name}:{r}") for r in batch], None
+        return [Response(f"{self.instance_name}:{r}") for r in batch], BatchTimings()
 
 
 class Response:
@@ -106,9 +108,11 @@ def test_waiter_wakes_when_instance_comes_back():
 def test_default_scheduler_runs_each_request_alone():
     async def go():
         a, b = FakeInstance("a"), FakeInstance("b")
-        sched = DefaultScheduler(InstancePool([a, b]))
+        stats = ModelStats()
+        sched = DefaultScheduler(InstancePool([a, b]), stats)
         results = await asyncio.gather(*(sched.submit(i) for i in range(6)))
-        assert sorted(r.text.split(":")[1] for r, _ in results) == [str(i) for i in range(6)]
+        assert sorted(r.text.split(":")[1] for r, _, _ in results) == [str(i) for i in range(6)]
+        assert stats.execution_count == 6 and stats.pending == 0
         assert all(len(batch) == 1 for inst in (a, b) for batch in inst.batches)
         assert a.batches and b.batches  # both instances worked
     run(go())
@@ -122,11 +126,11 @@ def test_cancelled_caller_leaves_the_batch_running_and_releases_its_outputs():
         class Gated(FakeInstance):
             async def execute(self, batch):
                 await gate.wait()
-                return [Response("x", release=lambda: released.append(1))], None
+                return [Response("x", release=lambda: released.append(1))], BatchTimings()
 
         inst = Gated("g")
         pool = InstancePool([inst], depth=1)
-        sched = DefaultScheduler(pool)
+        sched = DefaultScheduler(pool, ModelStats())
         caller = asyncio.ensure_future(sched.submit(0))
         await asyncio.sleep(0)
         caller.cancel()

@@ -1,0 +1,304 @@
+"""Triton's dynamic batcher: queued requests form batches whenever an instance has room.
+
+A batch is a prefix of the queue (priority order, arrival order within a level) that stops
+before a request that would overflow `max_batch_size`, whose non-ragged input shapes differ,
+or that the custom strategy refuses. It leaves at once when it reaches the maximum or the
+largest preferred size, or cannot grow; else, cut at the largest preferred size it passed
+through, if any; else it waits up to `max_queue_delay` (counted from its oldest request) for
+more requests, and then leaves as it is.
+
+Everything happens in callbacks on the event loop (request arrival, a batch ending, a
+timer), so there is no scheduler task to wake, and tests can drive it with a fake timer.
+"""
+
+import asyncio
+import functools
+import logging
+
+from shmserve.errors import Code, ServerError
+from shmserve.scheduling.queue import GONE, QUEUED, TAKEN, Pending, QueueRejection, RequestQueue
+from shmserve.scheduling.timer import LoopTimer
+
+log = logging.getLogger("shmserve.scheduling")
+
+# The outcome of a request whose caller went away while it was queued.
+_ABANDONED = object()
+
+
+class DynamicBatcher:
+    def __init__(self, pool, stats, *, max_batch_size: int, preferred_sizes=(),
+                 max_queue_delay_ns: int = 0, preserve_ordering: bool = False,
+                 queue: RequestQueue = None, ragged_inputs=frozenset(), strategy=None,
+                 timer=None):
+        self._pool = pool
+        self._stats = stats
+        self._max = max_batch_size
+        self._preferred = frozenset(preferred_sizes)
+        # A batch that reaches the largest preferred size leaves at once.
+        self._cap = min(max(preferred_sizes, default=max_batch_size), max_batch_size)
+        self._delay_ns = max_queue_delay_ns
+        self._queue = queue if queue is not None else RequestQueue()
+        self._ragged = frozenset(ragged_inputs)
+        self._strategy = strategy
+        self._timer = timer or LoopTimer()
+        # preserve_ordering: every request in arrival order, until its answer can leave.
+        self._line = [] if preserve_ordering else None
+        self._line_head = 0
+        self._wake = None  # timer handle of the pending batch's queue delay
+        self._wake_at = 0
+        self._scheduling = False
+        self._schedule_soon = False
+        self._running: set = set()  # batch tasks, referenced until they end
+        pool.add_listener(self._schedule)
+
+    @classmethod
+    def from_config(cls, pool, stats, config, strategy=None, timer=None) -> "DynamicBatcher":
+        batching = config.dynamic_batching
+        # With max_batch_size 0 every request runs alone, but priorities and the queue
+        # policy still apply.
+        return cls(pool, stats, max_batch_size=max(config.max_batch_size, 1),
+                   preferred_sizes=list(batching.preferred_batch_size),
+                   max_queue_delay_ns=batching.max_queue_delay_microseconds * 1000,
+                   preserve_ordering=batching.preserve_ordering,
+                   queue=RequestQueue.from_config(batching),
+                   ragged_inputs={i.name for i in config.input if i.allow_ragged_batch},
+                   strategy=strategy, timer=timer)
+
+    async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
+        """Queue one request until it has run; returns (WorkResponse, BatchTimings, queue ns).
+
+        Raises QueueRejection when the queue is full or the request's queue timeout expires
+        first. A caller that is cancelled while queued leaves the queue; once its batch runs,
+        the batch finishes and the outputs meant for it are released.
+        """
+        queue = self._queue
+        level = queue.level_of(priority)
+        now = self._timer.now_ns()
+        entry = Pending(work, batch_size, self._shape_key(work), priority, level, now,
+                        asyncio.get_running_loop().create_future())
+        queue.push(entry)
+        self._stats.pending += 1
+        if self._line is not None:
+            self._line.append(entry)
+        timeout = queue.policy(level).timeout_for(timeout_us)
+        if timeout:
+            entry.deadline_ns = now + timeout
+            entry.timer = self._timer.call_at(entry.deadline_ns,
+                                              functools.partial(self._expire, entry))
+        if not self._schedule_soon:
+            # Requests that arrive in the same turn of the event loop (a burst the transports
+            # read at once) are looked at together, so they can share a batch and one frame.
+            self._schedule_soon = True
+            asyncio.get_running_loop().call_soon(self._scheduled_soon)
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            if entry.state == QUEUED:
+                self._leave_queue(entry)
+                self._schedule()
+            raise
+
+    def _shape_key(self, work):
+        ragged = self._ragged
+        return tuple((t.name, tuple(t.shape[1:])) for t in work.inputs if t.name not in ragged)
+
+    # -- forming batches ------------------------------------------------------------------
+
+    def _scheduled_soon(self) -> None:
+        self._schedule_soon = False
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Dispatch every batch that is due while an instance has room."""
+        if self._scheduling:
+            return  # re-entered from a callback of our own dispatch
+        self._scheduling = True
+        try:
+            pool = self._pool
+            while self._queue:
+                if pool.closed:
+                    self._fail_all(ServerError(Code.UNAVAILABLE, "model is being unloaded"))
+                    return
+                if not pool.has_room():
+                    return
+                count, wait_until = self._next_batch(self._timer.now_ns())
+                if count == 0:
+                    self._sleep_until(wait_until)
+                    return
+                self._dispatch(pool.try_acquire(), self._queue.take(count))
+        finally:
+            self._scheduling = False
+
+    def _next_batch(self, now: int):
+        """(requests to send now, 0) or (0, the time to look again)."""
+        strategy = self._strategy
+        walk = iter(self._queue)
+        first = next(walk)
+        size = first.batch_size
+        count = 1
+        oldest = first.enqueued_ns
+        key = first.shape_key
+        best_preferred = 1 if size in self._preferred else 0
+        cap = self._cap
+        full = size >= cap
+        state = None
+        if strategy is not None:
+            state = strategy.start_batch()
+            # A refused first request still runs, alone, so that nothing waits forever.
+            if not strategy.include(state, first.work, first.batch_size, first.level):
+                full = True
+        try:
+            if not full:
+                for entry in walk:
+                    if (size + entry.batch_size > self._max or entry.shape_key != key
+                            or (strategy is not None
+                                and not strategy.include(state, entry.work, entry.batch_size,
+                                                         entry.level))):
+                        full = True  # the batch cannot grow past this request
+                        break
+                    size += entry.batch_size
+                    count += 1
+                    if entry.enqueued_ns < oldest:
+                        oldest = entry.enqueued_ns
+                    if size in self._preferred:
+                        best_preferred = count
+                    if size >= cap:
+                        full = True
+                        break
+        finally:
+            if strategy is not None:
+                strategy.end_batch(state)
+        if full:
+            # A request larger than one makes the batch overshoot the largest preferred size:
+            # the preferred size it passed through, if any, goes instead.
+            return (best_preferred if size > cap and best_preferred else count), 0
+        if best_preferred:
+            return best_preferred, 0
+        due = oldest + self._delay_ns
+        if now >= due:
+            return count, 0
+        return 0, due
+
+    def _sleep_until(self, when: int) -> None:
+        if self._wake is not None:
+            if self._wake_at == when:
+                return
+            self._wake.cancel()
+        self._wake_at = when
+        self._wake = self._timer.call_at(when, self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        self._schedule()
+
+    # -- running batches ------------------------------------------------------------------
+
+    def _dispatch(self, inst, entries: list) -> None:
+        now = self._timer.now_ns()
+        for e in entries:
+            e.state = TAKEN
+            if e.timer is not None:
+                e.timer.cancel()
+                e.timer = None
+        self._stats.pending -= len(entries)
+        task = asyncio.ensure_future(self._run(inst, entries, now))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, inst, entries: list, dispatched_ns: int) -> None:
+        try:
+            responses, timings = await inst.execute([e.work for e in entries])
+        except ServerError as exc:
+            self._pool.release(inst)
+            for e in entries:
+                self._answer(e, exc)
+            return
+        except BaseException as exc:  # a bug below us, or the loop shutting down
+            self._pool.release(inst)
+            if isinstance(exc, Exception):
+                log.exception("batch failed on model instance '%s'", inst.instance_name)
+            error = ServerError(Code.INTERNAL, f"batch failed on model instance "
+                                               f"'{inst.instance_name}': {exc!r}")
+            for e in entries:
+                self._answer(e, error)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._pool.release(inst)
+        self._stats.record_execution(sum(e.batch_size for e in entries), timings)
+        for e, response in zip(entries, responses):
+            self._answer(e, (response, timings, dispatched_ns - e.enqueued_ns))
+
+    # -- answers --------------------------------------------------------------------------
+
+    def _answer(self, entry: Pending, outcome) -> None:
+        """Hand a result (or an exception) to the caller, in arrival order when asked to."""
+        if self._line is None:
+            _resolve(entry.future, outcome)
+            return
+        entry.outcome = outcome
+        line = self._line
+        i = self._line_head
+        while i < len(line) and line[i].outcome is not None:
+            head = line[i]
+            line[i] = None
+            i += 1
+            _resolve(head.future, head.outcome)
+            head.outcome = None
+        if i > 256 and i * 2 > len(line):  # drop the answered prefix now and then
+            del line[:i]
+            i = 0
+        self._line_head = i
+
+    def _leave_queue(self, entry: Pending, outcome=_ABANDONED) -> None:
+        """Take a queued request out of the queue, answering it with `outcome`."""
+        self._queue.remove(entry)
+        entry.state = GONE
+        self._stats.pending -= 1
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+        self._answer(entry, outcome)
+
+    def _expire(self, entry: Pending) -> None:
+        entry.timer = None
+        if entry.state != QUEUED:
+            return
+        if self._timer.now_ns() < entry.deadline_ns:  # the timer fired early
+            entry.timer = self._timer.call_at(entry.deadline_ns,
+                                              functools.partial(self._expire, entry))
+            return
+        if self._queue.policy(entry.level).delay_on_timeout:
+            if not entry.delayed:
+                self._queue.delay(entry)
+                self._schedule()
+            return
+        self._leave_queue(entry, QueueRejection("Request timeout expired"))
+        self._schedule()
+
+    def _fail_all(self, error: ServerError) -> None:
+        for entry in list(self._queue):
+            self._leave_queue(entry, error)
+
+    def close(self) -> None:
+        """Fail what is still queued (the model is going away)."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        if self._strategy is not None:
+            self._strategy.close()
+        self._fail_all(ServerError(Code.UNAVAILABLE, "model is being unloaded"))
+
+
+def _resolve(future: asyncio.Future, outcome) -> None:
+    if future.done():
+        # The caller is gone; outputs that were made for it are handed back.
+        if isinstance(outcome, tuple) and outcome[0].release is not None:
+            outcome[0].release()
+        return
+    if outcome is _ABANDONED:
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

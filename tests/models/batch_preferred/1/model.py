@@ -1,0 +1,1 @@
+../../batch_recorder/1/model.py
