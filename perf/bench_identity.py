@@ -1,12 +1,14 @@
-"""Benchmark identity_fp32 (FP32 [1,16], 64 B) on the real Triton and on shmserve, in one run.
+"""Benchmark identity_fp32 (FP32 [1,16], 64 B, dynamic batching up to 64) on the real Triton and on
+shmserve, in one run, with perf_analyzer and with our own load generator (loadgen.py).
 
-    .venv/bin/python perf/bench_identity.py [--only triton|shmserve] [--reps N]
-                                            [--concurrency 1 8 32] [--protocols grpc http]
+    .venv/bin/python perf/bench_identity.py [--only triton|shmserve] [--reps N] [--no-loadgen]
+                                            [--concurrency 1 8 32 64] [--protocols grpc http]
 
 Both servers serve perf/triton_repo/ (the same model files). They run one after the other, never
 together, so neither takes CPU from the other; with --reps > 1 the order alternates. Each one is
-checked for correct outputs before perf_analyzer measures it, and stopped by its PID afterwards,
-also on failure. Prints a markdown table and writes everything under perf/results/.
+checked for correct outputs, measured by perf_analyzer and then by loadgen.py, and stopped by its
+PID afterwards, also on failure. Prints markdown tables (the ratios shmserve / Triton against the
+target first) and writes everything under perf/results/.
 """
 import argparse
 import json
@@ -22,13 +24,18 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from pa_runner import Measurement, measure
+import loadgen
+from pa_runner import measure
 from servers import REPO_ROOT, Server, ServerError, ShmServer, TritonServer, anchors_env, tree_cpu_seconds
 
 MODEL = "identity_fp32"
 SHAPE = (1, 16)
 PERF_DIR = Path(__file__).resolve().parent
 SERVER_NAMES = ("triton", "shmserve")
+TOOLS = ("perf_analyzer", "loadgen")
+# The issue's target, per case: shmserve / Triton.
+TARGET_MIN_THROUGHPUT = 1.0
+TARGET_MAX_P99 = 1.2
 
 
 def check_identity(server: Server) -> None:
@@ -46,37 +53,63 @@ def check_identity(server: Server) -> None:
             raise ServerError(f"{server.name} ({module.__name__}): OUTPUT0 {out!r} differs from INPUT0 {data!r}")
 
 
-def measure_server(server: Server, cases, pa: tuple[str, str], out_dir: Path, rep: int) -> list[dict]:
-    records = []
-    for protocol, concurrency in cases:
-        port = server.grpc_port if protocol == "grpc" else server.http_port
-        args = ["-m", MODEL, "-u", f"127.0.0.1:{port}", "-i", protocol, "--shape", f"INPUT0:{SHAPE[1]}",
-                "--concurrency-range", f"{concurrency}:{concurrency}"]
-        cpu0, t0 = tree_cpu_seconds(server.pid), time.monotonic()
-        m = measure(*pa, args, out_dir / "pa" / f"{server.name}_{protocol}_c{concurrency}_r{rep}")
-        cores = (tree_cpu_seconds(server.pid) - cpu0) / (time.monotonic() - t0)
-        rec = dict(rep=rep, server=server.name, protocol=protocol, concurrency=concurrency,
-                   server_cpu_cores=round(cores, 3), **vars(m))
-        print(json.dumps(rec), file=sys.stderr, flush=True)
-        records.append(rec)
-    return records
+def port_of(server: Server, protocol: str) -> int:
+    return server.grpc_port if protocol == "grpc" else server.http_port
 
 
-def run_one(server: Server, cases, pa, out_dir: Path, rep: int) -> tuple[list[dict], list[str]]:
-    """Start, check, measure, stop. Returns the records and what went wrong, if anything."""
-    records, errors = [], []
+def run_perf_analyzer(server: Server, protocol: str, concurrency: int, pa: tuple[str, str], out_dir: Path,
+                      rep: int) -> dict:
+    args = ["-m", MODEL, "-u", f"127.0.0.1:{port_of(server, protocol)}", "-i", protocol,
+            "--shape", f"INPUT0:{SHAPE[1]}", "--concurrency-range", f"{concurrency}:{concurrency}"]
+    cpu0, t0 = tree_cpu_seconds(server.pid), time.monotonic()
+    m = measure(*pa, args, out_dir / "pa" / f"{server.name}_{protocol}_c{concurrency}_r{rep}")
+    cores = (tree_cpu_seconds(server.pid) - cpu0) / (time.monotonic() - t0)
+    stats = m.server_stats
+    avg_batch = stats["inference_count"] / stats["execution_count"] if stats and stats["execution_count"] else None
+    return dict(server_cpu_cores=round(cores, 3), avg_batch=avg_batch, **vars(m))
+
+
+def run_loadgen(server: Server, protocol: str, concurrency: int, args) -> dict:
+    pid = server.pid
+    try:
+        r = loadgen.run(protocol, "127.0.0.1", port_of(server, protocol), concurrency, args.loadgen_procs,
+                        args.loadgen_warmup, args.loadgen_windows, args.loadgen_window_s,
+                        server_cpu=lambda: tree_cpu_seconds(pid))
+    except (loadgen.LoadgenError, OSError) as e:
+        return dict(error=str(e))
+    return dict(vars(r), error=None)
+
+
+def measure_server(server: Server, cases, pa: tuple[str, str], out_dir: Path, rep: int, args,
+                   records: list[dict]) -> None:
+    """Appends one record per measurement to records as it goes, so that an interruption keeps them."""
+    tools = TOOLS if args.loadgen else TOOLS[:1]
+    for tool in tools:
+        for protocol, concurrency in cases:
+            if tool == "perf_analyzer":
+                figures = run_perf_analyzer(server, protocol, concurrency, pa, out_dir, rep)
+            else:
+                figures = run_loadgen(server, protocol, concurrency, args)
+            rec = dict(rep=rep, server=server.name, tool=tool, protocol=protocol, concurrency=concurrency, **figures)
+            print(json.dumps(rec), file=sys.stderr, flush=True)
+            records.append(rec)
+
+
+def run_one(server: Server, cases, pa, out_dir: Path, rep: int, args, records: list[dict]) -> list[str]:
+    """Start, check, measure (appending to records), stop. Returns what went wrong, if anything."""
+    errors = []
     try:
         server.start()
         server.wait_model_ready(MODEL)
         check_identity(server)
-        records = measure_server(server, cases, pa, out_dir, rep)
+        measure_server(server, cases, pa, out_dir, rep, args, records)
     except (ServerError, OSError, subprocess.SubprocessError, grpcclient.InferenceServerException) as e:
         errors.append(f"{server.name} rep {rep}: {e}")
     finally:
         leftovers = server.stop()
     if leftovers:
         errors.append(f"{server.name} rep {rep}: processes {leftovers} outlived the server (killed)")
-    return records, errors
+    return errors
 
 
 def median(values):
@@ -84,33 +117,124 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def summarize(records: list[dict], servers, cases) -> dict:
-    """(server, protocol, concurrency) -> median over reps of each figure."""
+FIGURES = ("infer_per_s", "p50_ms", "p99_ms", "server_cpu_cores", "avg_batch", "client_cpu_cores", "window_spread")
+BREAKDOWN = ("request_us", "queue_us", "compute_infer_us")
+
+
+def summarize(records: list[dict], servers, cases, tools) -> dict:
+    """(tool, server, protocol, concurrency) -> median over the successful reps of each figure,
+    plus whether perf_analyzer printed the server-side breakdown in every one of them."""
     summary = {}
-    for name in servers:
-        for protocol, concurrency in cases:
-            runs = [r for r in records if (r["server"], r["protocol"], r["concurrency"]) == (name, protocol, concurrency)]
-            summary[name, protocol, concurrency] = {
-                key: median(r[key] for r in runs if r["error"] is None)
-                for key in ("infer_per_s", "p50_ms", "p99_ms", "server_cpu_cores")}
+    for tool in tools:
+        for name in servers:
+            for protocol, concurrency in cases:
+                runs = [r for r in records if r["error"] is None and
+                        (r["tool"], r["server"], r["protocol"], r["concurrency"]) == (tool, name, protocol, concurrency)]
+                s = {key: median(r.get(key) for r in runs) for key in FIGURES}
+                stats = [r.get("server_stats") for r in runs]
+                s.update({key: median(st[key] for st in stats if st) for key in BREAKDOWN})
+                s["breakdown"] = None if not runs else all(stats)
+                summary[tool, name, protocol, concurrency] = s
     return summary
 
 
-def markdown_table(summary: dict, cases) -> str:
-    fmt = lambda v, spec: "–" if v is None else format(v, spec)
-    ratio = lambda s, t: "–" if s is None or t is None or t == 0 else f"{s / t:.2f}"
-    lines = [
-        "| protocol | conc | Triton infer/s | shmserve infer/s | ratio | Triton p50 ms | shmserve p50 ms | ratio "
-        "| Triton p99 ms | shmserve p99 ms | ratio | server CPU cores Triton / shmserve |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def ratio(s, t):
+    return None if s is None or t is None or t == 0 else s / t
+
+
+def verdict(throughput_ratio, p99_ratio) -> str:
+    if throughput_ratio is None or p99_ratio is None:
+        return "–"
+    missed = ([f"infer/s < {TARGET_MIN_THROUGHPUT}x"] if throughput_ratio < TARGET_MIN_THROUGHPUT else []) + \
+             ([f"p99 > {TARGET_MAX_P99}x"] if p99_ratio > TARGET_MAX_P99 else [])
+    return "FAIL: " + ", ".join(missed) if missed else "pass"
+
+
+def fmt(v, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def pair(t: dict, s: dict, key: str, spec: str) -> str:
+    return f"{fmt(t.get(key), spec)} / {fmt(s.get(key), spec)}"
+
+
+def markdown_row(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def target_table(summary: dict, cases, tools) -> tuple[str, dict]:
+    """Ratios shmserve / Triton and the verdict per case and tool; also the verdict counts."""
+    header = ["protocol", "conc"]
+    for tool in tools:
+        header += [f"{tool} infer/s", f"{tool} p50", f"{tool} p99", f"{tool} verdict"]
+    lines = [markdown_row(header), markdown_row(["---", "---:"] + ["---:", "---:", "---:", "---"] * len(tools))]
+    passed = {tool: [] for tool in tools}
     for protocol, concurrency in cases:
-        t, s = summary.get(("triton", protocol, concurrency), {}), summary.get(("shmserve", protocol, concurrency), {})
         cells = [protocol, str(concurrency)]
-        for key, spec in (("infer_per_s", ",.0f"), ("p50_ms", ".2f"), ("p99_ms", ".2f")):
-            cells += [fmt(t.get(key), spec), fmt(s.get(key), spec), ratio(s.get(key), t.get(key))]
-        cells.append(f"{fmt(t.get('server_cpu_cores'), '.2f')} / {fmt(s.get('server_cpu_cores'), '.2f')}")
-        lines.append("| " + " | ".join(cells) + " |")
+        for tool in tools:
+            t, s = summary[tool, "triton", protocol, concurrency], summary[tool, "shmserve", protocol, concurrency]
+            r = {key: ratio(s.get(key), t.get(key)) for key in ("infer_per_s", "p50_ms", "p99_ms")}
+            v = verdict(r["infer_per_s"], r["p99_ms"])
+            if v != "–":
+                passed[tool].append(v == "pass")
+            cells += [fmt(r["infer_per_s"], ".2f"), fmt(r["p50_ms"], ".2f"), fmt(r["p99_ms"], ".2f"), v]
+        lines.append(markdown_row(cells))
+    return "\n".join(lines), passed
+
+
+def perf_analyzer_table(summary: dict, cases) -> str:
+    lines = [markdown_row(["protocol", "conc", "infer/s", "p50 ms", "p99 ms", "avg batch", "server request µs",
+                           "queue µs", "compute infer µs", "breakdown printed", "server CPU cores"]),
+             markdown_row(["---", "---:"] + ["---:"] * 7 + ["---", "---:"])]
+    yes_no = lambda v: "–" if v is None else ("yes" if v else "NO")
+    for protocol, concurrency in cases:
+        t = summary["perf_analyzer", "triton", protocol, concurrency]
+        s = summary["perf_analyzer", "shmserve", protocol, concurrency]
+        lines.append(markdown_row([
+            protocol, str(concurrency), pair(t, s, "infer_per_s", ",.0f"), pair(t, s, "p50_ms", ".2f"),
+            pair(t, s, "p99_ms", ".2f"), pair(t, s, "avg_batch", ".1f"), pair(t, s, "request_us", ".0f"),
+            pair(t, s, "queue_us", ".0f"), pair(t, s, "compute_infer_us", ".0f"),
+            f"{yes_no(t['breakdown'])} / {yes_no(s['breakdown'])}", pair(t, s, "server_cpu_cores", ".2f")]))
     return "\n".join(lines)
+
+
+def loadgen_table(summary: dict, cases) -> str:
+    lines = [markdown_row(["protocol", "conc", "infer/s", "p50 ms", "p99 ms", "window spread",
+                           "server CPU cores", "client CPU cores"]),
+             markdown_row(["---", "---:"] + ["---:"] * 6)]
+    for protocol, concurrency in cases:
+        t = summary["loadgen", "triton", protocol, concurrency]
+        s = summary["loadgen", "shmserve", protocol, concurrency]
+        lines.append(markdown_row([
+            protocol, str(concurrency), pair(t, s, "infer_per_s", ",.0f"), pair(t, s, "p50_ms", ".2f"),
+            pair(t, s, "p99_ms", ".2f"), pair(t, s, "window_spread", ".0%"), pair(t, s, "server_cpu_cores", ".2f"),
+            pair(t, s, "client_cpu_cores", ".2f")]))
+    return "\n".join(lines)
+
+
+def report(records: list[dict], errors: list[str], cases, tools, args, elapsed_s: float) -> str:
+    summary = summarize(records, SERVER_NAMES, cases, tools)
+    target, passed = target_table(summary, cases, tools)
+    met = "; ".join(f"{tool} {sum(p)} of {len(p)}" for tool, p in passed.items())
+    parts = [
+        f"### Target: shmserve / Triton, infer/s >= {TARGET_MIN_THROUGHPUT}x and p99 <= {TARGET_MAX_P99}x\n",
+        target,
+        f"\nTarget met in: {met} cases. Ratios above 1 are better for infer/s, below 1 better for latency.\n",
+        "### perf_analyzer (each cell: Triton / shmserve)\n",
+        perf_analyzer_table(summary, cases),
+        "\navg batch = server inference count / execution count; server request, queue, compute infer = the "
+        "server-side breakdown perf_analyzer printed (averages per request). Server CPU = the server's process "
+        "tree over the whole perf_analyzer run.\n"]
+    if "loadgen" in tools:
+        parts += [
+            "### loadgen.py (each cell: Triton / shmserve)\n",
+            loadgen_table(summary, cases),
+            f"\nloadgen.py: {args.loadgen_warmup:g} s warm-up, then {args.loadgen_windows} windows of "
+            f"{args.loadgen_window_s:g} s; window spread = (max - min) / median of the per-window throughputs. "
+            "CPU figures cover the measured windows only.\n"]
+    parts.append(f"Medians over {args.reps} rep(s). Model {MODEL}, FP32 {list(SHAPE)} (64 B), dynamic batching, "
+                 f"max_batch_size 64. perf_analyzer -p 3000 --max-trials 20. Run time {elapsed_s / 60:.1f} min.")
+    return "\n".join(parts) + "".join(f"\n- error: {e}" for e in errors)
 
 
 def run_metadata(args, env: dict[str, str]) -> dict:
@@ -125,9 +249,15 @@ def run_metadata(args, env: dict[str, str]) -> dict:
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=SERVER_NAMES, help="measure one server only")
-    ap.add_argument("--reps", type=int, default=1, help="full passes; the table shows medians (default 1)")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--reps", type=int, default=1, help="full passes; the tables show medians (default 1)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--protocols", nargs="+", choices=("grpc", "http"), default=["grpc", "http"])
+    ap.add_argument("--loadgen", action=argparse.BooleanOptionalAction, default=True,
+                    help="also measure with loadgen.py, after perf_analyzer (default on)")
+    ap.add_argument("--loadgen-procs", type=int, help="loadgen worker processes (default: its own)")
+    ap.add_argument("--loadgen-warmup", type=float, default=2.0, help="seconds (default 2)")
+    ap.add_argument("--loadgen-windows", type=int, default=3, help="measured windows (default 3)")
+    ap.add_argument("--loadgen-window-s", type=float, default=2.0, help="seconds per window (default 2)")
     ap.add_argument("--anchors", type=Path, default=Path(os.environ.get("ANCHORS", Path.home() / "shmserve-anchors")),
                     help="the anchors' directory (Triton, perf_analyzer); default $ANCHORS or ~/shmserve-anchors")
     ap.add_argument("--shmserve-ports", type=int, nargs=3, default=[18100, 18101, 18102],
@@ -137,6 +267,7 @@ def parse_args():
 
 def main() -> int:
     args = parse_args()
+    started = time.monotonic()
     env = anchors_env(args.anchors)
     out_dir = PERF_DIR / "results" / time.strftime("identity-%Y%m%d-%H%M%S")
     (out_dir / "pa").mkdir(parents=True)
@@ -147,35 +278,36 @@ def main() -> int:
     }
     names = [args.only] if args.only else list(SERVER_NAMES)
     cases = [(p, c) for p in args.protocols for c in args.concurrency]
+    tools = TOOLS if args.loadgen else TOOLS[:1]
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
     (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env), indent=1, default=str))
 
-    # SIGTERM must also reach the finally blocks that stop the servers.
+    # SIGTERM must also reach the finally blocks that stop the servers and the loadgen workers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     records, errors = [], []
     try:
         for rep in range(1, args.reps + 1):
             for name in (names if rep % 2 else names[::-1]):
-                recs, errs = run_one(servers[name], cases, pa, out_dir, rep)
-                records += recs
+                errs = run_one(servers[name], cases, pa, out_dir, rep, args, records)
                 errors += errs
                 for e in errs:
                     print(f"ERROR: {e}", file=sys.stderr)
+    except KeyboardInterrupt:  # report what was measured so far
+        errors.append("interrupted (Ctrl-C)")
     finally:
         for server in servers.values():
             server.stop()
         with open(out_dir / "results.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
-    errors += [f"{r['server']} {r['protocol']} c={r['concurrency']} rep {r['rep']}: {r['error']}"
+    errors += [f"{r['server']} {r['tool']} {r['protocol']} c={r['concurrency']} rep {r['rep']}: {r['error']}"
                for r in records if r["error"]]
-    table = markdown_table(summarize(records, names, cases), cases)
-    notes = ("\nratio = shmserve / Triton: above 1 is better for infer/s, below 1 is better for latency. "
-             f"Medians over {args.reps} rep(s). Model {MODEL}, FP32 {list(SHAPE)} (64 B), perf_analyzer "
-             "-p 3000 --max-trials 20. Server CPU = the server's process tree, over the perf_analyzer run.\n")
-    report = table + "\n" + notes + "".join(f"\n- error: {e}" for e in errors)
-    (out_dir / "table.md").write_text(report + "\n")
-    print(report)
+    errors += [f"{r['server']} perf_analyzer {r['protocol']} c={r['concurrency']} rep {r['rep']}: "
+               "no server-side breakdown in perf_analyzer's output"
+               for r in records if r["tool"] == "perf_analyzer" and r["error"] is None and r["server_stats"] is None]
+    text = report(records, errors, cases, tools, args, time.monotonic() - started)
+    (out_dir / "table.md").write_text(text + "\n")
+    print(text)
     print(f"\nresults: {out_dir}", file=sys.stderr)
     return 1 if errors else 0
 

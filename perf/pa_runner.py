@@ -1,13 +1,29 @@
-"""One perf_analyzer measurement: run it with a CSV report (-f), read throughput and latency."""
+"""One perf_analyzer measurement: run it with a CSV report (-f), read throughput and latency, and
+the server-side statistics it printed (read from the server's statistics extension)."""
 import csv
 import os
+import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Same settings as the anchors: 3 s windows, up to 20 of them until 3 in a row agree within 10 %.
 MEASUREMENT_ARGS = ["-p", "3000", "--max-trials", "20"]
 PA_TIMEOUT_S = 300
+
+
+@dataclass
+class ServerStats:
+    """perf_analyzer's "Server:" section, over the measured windows; latencies are averages in µs."""
+    inference_count: int
+    execution_count: int
+    success_count: int
+    request_us: int
+    overhead_us: int
+    queue_us: int
+    compute_input_us: int
+    compute_infer_us: int
+    compute_output_us: int
 
 
 @dataclass
@@ -18,6 +34,35 @@ class Measurement:
     avg_ms: float | None = None
     error: str | None = None
     retried_with_s20: bool = False
+    server_stats: dict | None = None  # a ServerStats as a dict; None when perf_analyzer printed none
+
+
+_SERVER_COUNTS = {"inference_count": r"Inference count: (\d+)", "execution_count": r"Execution count: (\d+)",
+                  "success_count": r"Successful request count: (\d+)"}
+_SERVER_LATENCY = re.compile(
+    r"Avg request latency: (\d+) usec \(overhead (\d+) usec \+ queue (\d+) usec \+ compute input (\d+) usec "
+    r"\+ compute infer (\d+) usec \+ compute output (\d+) usec\)")
+
+
+def parse_server_stats(output: str) -> ServerStats | None:
+    """The last "Server:" section of perf_analyzer's output, if it is complete:
+        Server:
+          Inference count: 95174
+          Execution count: 95174
+          Successful request count: 95174
+          Avg request latency: 3503 usec (overhead 1 usec + queue 3389 usec + compute input 7 usec + ...)"""
+    start = output.rfind("Server:")
+    if start < 0:
+        return None
+    section = output[start:]
+    counts = {key: re.search(pattern, section) for key, pattern in _SERVER_COUNTS.items()}
+    latency = _SERVER_LATENCY.search(section)
+    if latency is None or None in counts.values():
+        return None
+    request, overhead, queue, c_input, c_infer, c_output = (int(g) for g in latency.groups())
+    return ServerStats(**{key: int(m.group(1)) for key, m in counts.items()}, request_us=request,
+                       overhead_us=overhead, queue_us=queue, compute_input_us=c_input,
+                       compute_infer_us=c_infer, compute_output_us=c_output)
 
 
 def parse_csv(path: Path) -> Measurement:
@@ -46,12 +91,16 @@ def _run_once(perf_analyzer: str, ld_path: str, args: list[str], out_stem: Path)
         rc, output = 124, (e.stdout or b"").decode(errors="replace") + f"\n[killed after {PA_TIMEOUT_S} s]"
     out_stem.with_suffix(".log").write_text("$ " + " ".join(cmd) + "\n" + output)
     result = parse_csv(csv_path) if rc == 0 and csv_path.exists() else None
+    if result is not None:
+        stats = parse_server_stats(output)
+        result.server_stats = None if stats is None else asdict(stats)
     return rc, output, result
 
 
 def measure(perf_analyzer: str, ld_path: str, args: list[str], out_stem: Path) -> Measurement:
     """Run perf_analyzer with args + MEASUREMENT_ARGS; on a stability failure retry once with
-    -s 20 (20 % tolerance), as the anchors did. Raw output goes to out_stem.{log,csv}."""
+    -s 20 (20 % tolerance), as the anchors did. Raw output goes to out_stem.{log,csv}. A result
+    without server_stats means perf_analyzer printed no (complete) server-side section."""
     rc, output, result = _run_once(perf_analyzer, ld_path, args + MEASUREMENT_ARGS, out_stem)
     if result is None and "stable" in output.lower():
         stem = out_stem.with_name(out_stem.name + "_s20")
