@@ -101,20 +101,18 @@ class Loader:
                     index += 1
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
+        pool = InstancePool(workers)
+        if not errors:
+            try:
+                mv.scheduler = _scheduler(config, config_json, pool, mv.stats, entry.path,
+                                          version)
+            except ServerError as exc:  # a broken batch_strategy.py
+                errors.append(exc)
         if errors:
             await asyncio.gather(*(w.stop() for w in workers))
             err = errors[0]
             mv.state = reg.UNAVAILABLE
             mv.reason = err.message if isinstance(err, ServerError) else f"{type(err).__name__}: {err}"
-            log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
-            return
-        pool = InstancePool(workers)
-        try:
-            mv.scheduler = _scheduler(config, config_json, pool, mv.stats, entry.path, version)
-        except ServerError as exc:
-            await asyncio.gather(*(w.stop() for w in workers))
-            mv.state = reg.UNAVAILABLE
-            mv.reason = exc.message
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return
         mv.pool = pool

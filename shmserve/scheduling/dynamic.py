@@ -74,7 +74,7 @@ class DynamicBatcher:
         queue = self._queue
         level = queue.level_of(priority)
         now = self._timer.now_ns()
-        entry = Pending(work, batch_size, self._shape_key(work), priority, level, now,
+        entry = Pending(work, batch_size, self._shape_key(work), level, now,
                         asyncio.get_running_loop().create_future())
         queue.push(entry)
         self._stats.pending += 1

@@ -48,15 +48,14 @@ class QueuePolicy:
 class Pending:
     """One queued request and what the scheduler knows about it."""
 
-    __slots__ = ("work", "batch_size", "shape_key", "priority", "level", "enqueued_ns",
+    __slots__ = ("work", "batch_size", "shape_key", "level", "enqueued_ns",
                  "future", "state", "delayed", "timer", "deadline_ns", "outcome")
 
-    def __init__(self, work, batch_size: int, shape_key, priority: int, level: int,
+    def __init__(self, work, batch_size: int, shape_key, level: int,
                  enqueued_ns: int, future):
         self.work = work
         self.batch_size = batch_size
         self.shape_key = shape_key  # requests batch together only when their keys are equal
-        self.priority = priority
         self.level = level
         self.enqueued_ns = enqueued_ns
         self.future = future

@@ -463,3 +463,29 @@ def test_statistics_report_batch_sizes_on_every_endpoint(server):
             got = [(b.batch_size, b.compute_infer.count, b.compute_infer.ns) for b in g.batch_stats]
             assert got == [(b["batch_size"], b["compute_infer"]["count"], b["compute_infer"]["ns"])
                            for b in entry["batch_stats"]]
+
+
+def test_a_broken_batch_strategy_makes_only_its_model_unavailable(tmp_path):
+    from tests.conftest import start_server, stop_server
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    os.symlink(os.path.join(root, "..", "model_repository", "add_sub"), repo / "add_sub")
+    broken = repo / "broken_strategy"
+    shutil.copytree(os.path.join(root, "models", "batch_recorder"), broken, symlinks=False)
+    config = (broken / "config.pbtxt").read_text().replace('"batch_recorder"', '"broken_strategy"')
+    (broken / "config.pbtxt").write_text(config)
+    (broken / "batch_strategy.py").write_text("raise RuntimeError('no strategy today')\n")
+    srv = start_server(str(repo), str(tmp_path / "log"), wait_models=("add_sub",))
+    try:
+        client = httpclient.InferenceServerClient(srv.http_url)
+        assert client.is_model_ready("add_sub")
+        assert not client.is_model_ready("broken_strategy")
+        entry = next(m for m in client.get_model_repository_index()
+                     if m["name"] == "broken_strategy")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "batch_strategy.py" in entry["reason"]
+        assert "no strategy today" in entry["reason"]
+    finally:
+        stop_server(srv)
