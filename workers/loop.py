@@ -112,8 +112,7 @@ class WorkerLoop:
 
 def _runner_input(ref: messages.TensorRef, block: memoryview) -> RunnerInput:
     offset, nbytes = ref.location
-    return RunnerInput(ref.name, ref.datatype, ref.shape, block[offset:offset + nbytes],
-                       block, offset)
+    return RunnerInput(ref.name, ref.datatype, ref.shape, block[offset:offset + nbytes])
 
 
 def _raw(arr: np.ndarray) -> memoryview:

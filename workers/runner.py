@@ -2,9 +2,8 @@
 
 The worker loop hands over requests whose inputs are raw wire bytes and gets back responses
 whose outputs are numpy arrays in wire layout, plus the compute timings Triton reports.
-The inputs of a batch are slices of one block; for a model with a batch dimension, the tensors
-of one input that sit back to back in it become row slices of one [N, ...] array, which
-`pb_utils.batched_input` hands to the model without a copy.
+The inputs of a batch are views of one block, where each input's tensors sit back to back, so
+`pb_utils.batched_input` can hand a model the whole batch as one array without a copy.
 The model is imported as Triton's Python backend imports it, with our `pb_utils` in its place.
 """
 
@@ -35,10 +34,6 @@ class RunnerInput:
     datatype: str
     shape: list[int]
     buffer: memoryview | bytes  # wire bytes: little-endian; BYTES length-prefixed; BF16 raw
-    # The batch's input block that `buffer` is a slice of, and where the slice starts; None
-    # when the input stands alone.
-    block: memoryview | bytes | None = None
-    offset: int = 0
 
 
 @dataclass(slots=True)
@@ -127,7 +122,6 @@ class ModelRunner:
         self._instance_kind = instance_kind
         self._device_id = device_id
         self._model_repository = model_repository
-        self._batching = model_config.get("max_batch_size", 0) > 0
         self._model = None
         self._loop = None
 
@@ -216,14 +210,9 @@ class ModelRunner:
         start = time.perf_counter_ns()
         results: list[RunnerResponse | None] = [None] * len(requests)
         batch = []  # (index in `requests`, pb_utils request, its sender callback)
-        batched = _batch_tensors(requests) if self._batching and len(requests) > 1 else None
         for index, request in enumerate(requests):
             try:
-                if batched:
-                    inputs = [batched.get((index, j)) or _input_tensor(tensor)
-                              for j, tensor in enumerate(request.inputs)]
-                else:
-                    inputs = [_input_tensor(tensor) for tensor in request.inputs]
+                inputs = [_input_tensor(tensor) for tensor in request.inputs]
             except ValueError as exc:
                 results[index] = _error_response("INVALID_ARG", str(exc))
                 continue
@@ -372,66 +361,6 @@ def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
             f"its bytes: {exc}"
         ) from None
     return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype)
-
-
-def _batch_tensors(requests: list[RunnerRequest]) -> dict:
-    """Tensors over one [N, ...] array per run of an input's tensors that sit back to back in
-    the batch's block, keyed by (request index, input index); each is a row slice of it.
-
-    A run is the tensors of one input name, in batch order, each starting where the previous
-    one ends, all of one fixed-size datatype and one shape past the batch dimension.
-    """
-    by_name: dict = {}  # input name -> [(request index, input index, RunnerInput)]
-    for i, request in enumerate(requests):
-        for j, tensor in enumerate(request.inputs):
-            if _batchable(tensor):
-                by_name.setdefault(tensor.name, []).append((i, j, tensor))
-    tensors = {}
-    for entries in by_name.values():
-        start = 0
-        for k in range(1, len(entries) + 1):
-            if k < len(entries) and _follows(entries[k - 1][2], entries[k][2]):
-                continue
-            if k - start > 1:
-                _slice_run(entries[start:k], tensors)
-            start = k
-    return tensors
-
-
-def _batchable(tensor: RunnerInput) -> bool:
-    """Whether the input can be part of a batch array: in a block, fixed-size, bytes matching."""
-    if tensor.block is None or not tensor.shape or tensor.datatype == "BYTES":
-        return False
-    try:
-        size = datatypes.element_size(tensor.datatype)
-    except KeyError:
-        return False
-    return datatypes.element_count(tensor.shape) * size == _nbytes(tensor.buffer)
-
-
-def _follows(previous: RunnerInput, tensor: RunnerInput) -> bool:
-    return (tensor.block is previous.block
-            and tensor.offset == previous.offset + _nbytes(previous.buffer)
-            and tensor.datatype == previous.datatype
-            and tensor.shape[1:] == previous.shape[1:])
-
-
-def _slice_run(entries: list, tensors: dict) -> None:
-    first = entries[0][2]
-    shape = [sum(tensor.shape[0] for _, _, tensor in entries), *first.shape[1:]]
-    array = np.frombuffer(first.block, dtype=datatypes.numpy_dtype(first.datatype),
-                          count=datatypes.element_count(shape), offset=first.offset)
-    array = array.reshape(shape)
-    start = 0
-    for i, j, tensor in entries:
-        stop = start + tensor.shape[0]
-        tensors[(i, j)] = pb_utils.Tensor._wrap(tensor.name, array[start:stop], tensor.datatype,
-                                                batch=(array, start, stop))
-        start = stop
-
-
-def _nbytes(buffer) -> int:
-    return buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
 
 
 def _runner_response(response: pb_utils.InferenceResponse, requested: set) -> RunnerResponse:

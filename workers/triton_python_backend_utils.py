@@ -194,9 +194,7 @@ def _datatype_of(dtype: np.dtype) -> str:
 
 
 class Tensor:
-    # _batch: (batch array, start row, stop row) when the runner made `_array` a row slice of
-    # one array over the same input of several requests (see `batched_input`); else None.
-    __slots__ = ("_name", "_array", "_datatype", "_device_id", "_batch")
+    __slots__ = ("_name", "_array", "_datatype", "_device_id")
 
     def __init__(self, name, numpy_array):
         _check_tensor_name(name)
@@ -213,18 +211,15 @@ class Tensor:
         self._array = array
         self._datatype = datatype
         self._device_id = None
-        self._batch = None
 
     @classmethod
-    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None,
-              batch: tuple | None = None) -> "Tensor":
+    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None) -> "Tensor":
         """A tensor over an array already in wire layout (no checks, no copy): the runner's path."""
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
         tensor._datatype = datatype
         tensor._device_id = device_id
-        tensor._batch = batch
         return tensor
 
     def name(self):
@@ -578,7 +573,7 @@ def batched_input(requests, name):
     arrays = [tensor.as_numpy() for tensor in tensors]
     if len(arrays) == 1:
         return arrays[0]
-    view = _batch_view(tensors)
+    view = _batch_view(arrays)
     if view is not None:
         return view
     try:
@@ -587,17 +582,42 @@ def batched_input(requests, name):
         raise TritonModelException(f"batched_input: cannot batch input '{name}': {exc}") from None
 
 
-def _batch_view(tensors):
-    """The rows of one batch array that `tensors` are, in order and without gaps; else None."""
-    if tensors[0]._batch is None:
+def _batch_view(arrays):
+    """One array over `arrays` when they lie back to back in one buffer, in order, with one
+    dtype and row shape (as the inputs of a batch do in the block the server hands the
+    worker); else None. Checked here, when a model asks, so that batches of models that never
+    ask cost nothing."""
+    first = arrays[0]
+    if first.ndim == 0 or first.dtype.hasobject or not first.flags.c_contiguous:
         return None
-    array, start, stop = tensors[0]._batch
-    for tensor in tensors[1:]:
-        batch = tensor._batch
-        if batch is None or batch[0] is not array or batch[1] != stop:
+    owner = _memory_owner(first)
+    dtype, row = first.dtype, first.shape[1:]
+    end = first.__array_interface__["data"][0] + first.nbytes
+    rows = first.shape[0]
+    for array in arrays[1:]:
+        if (array.dtype != dtype or array.shape[1:] != row or not array.flags.c_contiguous
+                or array.__array_interface__["data"][0] != end
+                or _memory_owner(array) is not owner):
             return None
-        stop = batch[2]
-    return array if start == 0 and stop == len(array) else array[start:stop]
+        end += array.nbytes
+        rows += array.shape[0]
+    # Every piece lies inside the owner's memory and they touch, so the span does too. The
+    # strides are spelled out: numpy may give a dimension of size 1 any stride.
+    shape = (rows, *row)
+    strides = []
+    step = dtype.itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return np.lib.stride_tricks.as_strided(first, shape=shape, strides=strides[::-1])
+
+
+def _memory_owner(array):
+    """The object whose memory `array` views (the exporter behind a memoryview)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
 
 
 def get_output_tensor_by_name(inference_response, name):

@@ -295,19 +295,25 @@ def test_batched_input_of_requests_a_model_built():
     assert pb_utils.batched_input(strings, "S").tolist() == [b"x", b"yz"]
 
 
-def test_batched_input_views_rows_of_one_batch_array():
+def test_batched_input_views_rows_that_lie_back_to_back():
     batch = np.arange(8).reshape(4, 2)
-    tensors = [pb_utils.Tensor._wrap("X", batch[start:stop], "INT64", batch=(batch, start, stop))
+    tensors = [pb_utils.Tensor._wrap("X", batch[start:stop], "INT64")
                for start, stop in [(0, 1), (1, 3), (3, 4)]]
     requests = [bls_request(str(k)) for k in range(3)]
     for request, tensor in zip(requests, tensors):
         request.inputs().append(tensor)
-    assert pb_utils.batched_input(requests, "X") is batch
+    whole = pb_utils.batched_input(requests, "X")
+    assert np.shares_memory(whole, batch) and whole.tolist() == batch.tolist()
     tail = pb_utils.batched_input(requests[1:], "X")
     assert np.shares_memory(tail, batch) and tail.tolist() == batch[1:].tolist()
     out_of_order = pb_utils.batched_input(requests[::-1], "X")
     assert not np.shares_memory(out_of_order, batch)
     assert out_of_order.tolist() == [[6, 7], [2, 3], [4, 5], [0, 1]]
+    # Separate allocations are never joined into one view.
+    a, b = np.zeros((1, 2)), np.ones((1, 2))
+    apart = [bls_request("a", X=a), bls_request("b", X=b)]
+    assert pb_utils.batched_input(apart, "X").tolist() == [[0, 0], [1, 1]]
+    assert not np.shares_memory(pb_utils.batched_input(apart, "X"), a)
 
 
 def test_batched_input_errors():

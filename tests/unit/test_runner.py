@@ -458,8 +458,7 @@ def block_requests(tensors, gaps=None):
     for k, ((datatype, shape, data), gap) in enumerate(zip(tensors, gaps)):
         offset += gap
         block[offset:offset + len(data)] = data
-        tensor = RunnerInput("IN", datatype, list(shape), block[offset:offset + len(data)],
-                             block, offset)
+        tensor = RunnerInput("IN", datatype, list(shape), block[offset:offset + len(data)])
         requests.append(RunnerRequest(f"r{k}", 0, 0, {}, [tensor], ["OUT"]))
         offset += len(data)
     return block, requests
@@ -498,8 +497,7 @@ def test_adjacent_inputs_of_a_batch_are_views_of_one_array(make_runner):
     ([fp32([[1, 2]]), fp32([[3, 4]]), fp32([[5, 6], [7, 8]])], [0, 8, 0], BATCHED),
     ([fp32([[1, 2]]), ("INT32", [1, 2], np.array([[3, 4]], np.int32).tobytes()),
       fp32([[5, 6], [7, 8]])], None, BATCHED),
-    ([fp32([[1, 2]]), fp32([[3, 4]]), fp32([[5, 6], [7, 8]])], None, CONFIG),
-], ids=["gap", "datatype", "not-batching"])
+], ids=["gap", "datatype"])
 def test_inputs_that_are_not_one_run_are_copied(make_runner, tensors, gaps, config):
     runner = make_runner(BATCH_VIEWER, config=config)
     runner.initialize()
