@@ -30,13 +30,9 @@ class InstancePool:
     def ready(self) -> bool:
         return not self._closed and any(i.alive for i in self.instances)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def add_listener(self, callback) -> None:
         """`callback()` runs whenever room may have appeared (a batch ended, an instance came
-        back) or the pool closed: schedulers that dispatch without waiting use it."""
+        back): schedulers that dispatch without waiting use it."""
         self._listeners.append(callback)
 
     def try_acquire(self):

@@ -116,9 +116,6 @@ class DynamicBatcher:
         try:
             pool = self._pool
             while self._queue:
-                if pool.closed:
-                    self._fail_all(ServerError(Code.UNAVAILABLE, "model is being unloaded"))
-                    return
                 if not pool.has_room():
                     return
                 count, wait_until = self._next_batch(self._timer.now_ns())
@@ -276,10 +273,6 @@ class DynamicBatcher:
         self._leave_queue(entry, QueueRejection("Request timeout expired"))
         self._schedule()
 
-    def _fail_all(self, error: ServerError) -> None:
-        for entry in list(self._queue):
-            self._leave_queue(entry, error)
-
     def close(self) -> None:
         """Fail what is still queued (the model is going away)."""
         if self._wake is not None:
@@ -287,7 +280,9 @@ class DynamicBatcher:
             self._wake = None
         if self._strategy is not None:
             self._strategy.close()
-        self._fail_all(ServerError(Code.UNAVAILABLE, "model is being unloaded"))
+        error = ServerError(Code.UNAVAILABLE, "model is being unloaded")
+        for entry in list(self._queue):
+            self._leave_queue(entry, error)
 
 
 def _resolve(future: asyncio.Future, outcome) -> None:
