@@ -5,12 +5,15 @@ anything reaches a worker.
 """
 
 import asyncio
+import functools
 import time
 
 from shmserve import __version__
+from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
-from shmserve.inference import InferRequest, InferResponse, InputTensor, OutputTensor
+from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
+                                StreamedResponse)
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
 from shmserve.scheduling.queue import QueueRejection
@@ -129,22 +132,99 @@ class DataPlane:
         shape = ([1] if sig.max_batch_size > 0 else []) + dims
         return InferRequest(name, version, inputs=[InputTensor(spec.name, spec.datatype, shape, body)])
 
+    def signature(self, name: str, version: str = ""):
+        return self.registry.get(name, version).signature
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        return self.registry.get(name, version).decoupled
+
     async def infer(self, request: InferRequest) -> InferResponse:
+        """One request, one response: models that are not decoupled."""
+        mv = self._model(request)
+        if mv.decoupled:
+            raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
+                                                   f"transaction policy: use a streaming API")
+        work, batch_size, priority, timeout_us, started = self._admit(request, mv)
+        response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
+        return _response(request, mv, response)
+
+    async def stream(self, request: InferRequest):
+        """The responses of one request, as an async iterator of StreamedResponse, for any model
+        (one that is not decoupled gives exactly one, final). Failures before the first
+        response (validation, a full queue, ...) raise ServerError.
+
+        Asking for the next response tells the worker the previous one was consumed, which is
+        what bounds a slow reader's buffer; leaving the iteration early cancels the request.
+        Use it with `contextlib.aclosing` so that leaving early takes effect at once.
+        """
+        mv = self._model(request)
+        work, batch_size, priority, timeout_us, started = self._admit(request, mv)
+        if not mv.decoupled:
+            response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
+            yield StreamedResponse(_response(request, mv, response), None, True)
+            return
+        stream = work.stream = ResponseStream()
+        run = asyncio.ensure_future(
+            self._run(mv, work, batch_size, priority, timeout_us, started))
+        run.add_done_callback(functools.partial(_end_of_execution, stream))
+        stats = mv.stats
+        failed = False
+        try:
+            while True:
+                try:
+                    response, final = await stream.get()
+                except ServerError:
+                    failed = True
+                    raise
+                if response is None:
+                    item = StreamedResponse(None, None, final)
+                elif response.error is not None:
+                    failed = failed or final
+                    item = StreamedResponse(None, response.error, final)
+                else:
+                    item = StreamedResponse(_response(request, mv, response), None, final)
+                yield item
+                if final:
+                    break
+                stream.consumed()
+        finally:
+            if not stream.finished:
+                stream.cancel()
+                run.cancel()
+                stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
+            else:
+                # The final response may come before the end of its batch's execution.
+                record = functools.partial(_record_stream, stats, batch_size, started,
+                                           time.perf_counter_ns(), failed)
+                if run.done():
+                    record(run)
+                else:
+                    run.add_done_callback(record)
+
+    def _model(self, request: InferRequest):
         if not self.accepting:
             raise ServerError(Code.UNAVAILABLE, "Server not ready")
-        mv = self.registry.get(request.model_name, request.model_version)
+        return self.registry.get(request.model_name, request.model_version)
+
+    def _admit(self, request: InferRequest, mv):
+        """Validate a request: (work, batch size, priority, timeout, start time)."""
         started = time.perf_counter_ns()
-        stats = mv.stats
         params = request.parameters
         try:
             work, batch_size = _prepare(request, mv)
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
-            stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            mv.stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
             # Triton names the request in validation errors.
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
                                         f"{exc.message}") from None
+        return work, batch_size, priority, timeout_us, started
+
+    async def _run(self, mv, work, batch_size, priority, timeout_us, started):
+        """Schedule one request until its batch ran: (WorkResponse, queue ns, timings). A
+        request that is not decoupled is counted here; a decoupled one when its stream ends."""
+        stats = mv.stats
         stats.inflight += 1
         try:
             response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
@@ -156,18 +236,48 @@ class DataPlane:
             stats.record_failure(time.perf_counter_ns() - started, "OTHER")
             raise
         except asyncio.CancelledError:
-            stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
+            if work.stream is None:
+                stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
         finally:
             stats.inflight -= 1
-        if response.error is not None:
-            stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
-            raise response.error
-        stats.record_success(batch_size=batch_size, request_ns=time.perf_counter_ns() - started,
-                             queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
-                             compute_infer_ns=timings.compute_infer_ns,
-                             compute_output_ns=timings.compute_output_ns)
-        return _response(request, mv, response)
+        if work.stream is None:
+            if response.error is not None:
+                stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
+                raise response.error
+            stats.record_success(batch_size=batch_size,
+                                 request_ns=time.perf_counter_ns() - started,
+                                 queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
+                                 compute_infer_ns=timings.compute_infer_ns,
+                                 compute_output_ns=timings.compute_output_ns)
+        return response, queue_ns, timings
+
+
+class DecoupledModel(ServerError):
+    """A one-response API was asked of a decoupled model; each transport words it its way."""
+
+
+def _record_stream(stats, batch_size: int, started: int, ended: int, failed: bool,
+                   run: asyncio.Future) -> None:
+    """Count a decoupled request once it has its final response and its batch has run (a
+    batch that could not run was counted as it failed)."""
+    if run.cancelled() or run.exception() is not None:
+        return
+    if failed:
+        stats.record_failure(ended - started, "BACKEND")
+        return
+    _, queue_ns, timings = run.result()
+    stats.record_success(batch_size=batch_size, request_ns=ended - started, queue_ns=queue_ns,
+                         compute_input_ns=timings.compute_input_ns,
+                         compute_infer_ns=timings.compute_infer_ns,
+                         compute_output_ns=timings.compute_output_ns)
+
+
+def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
+    """A decoupled request whose batch could not run (rejected, instance gone) ends with why."""
+    if not run.cancelled() and run.exception() is not None:
+        exc = run.exception()
+        stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
 
 
 def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:

@@ -8,6 +8,8 @@ little-endian, row-major, BYTES as 4-byte-length-prefixed elements, BF16 as raw 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from shmserve.errors import ServerError
+
 # Parameter values as Triton carries them: bool, int, float or str.
 Parameters = dict[str, Any]
 
@@ -64,3 +66,13 @@ class InferResponse:
         release, self.release = self.release, None
         if release is not None:
             release()
+
+
+@dataclass(slots=True)
+class StreamedResponse:
+    """One response of a stream: a response, an error the model sent in its place, or (both
+    None) the final flag alone. Only the last one of a request is `final`."""
+
+    response: Optional[InferResponse]
+    error: Optional[ServerError]
+    final: bool

@@ -32,6 +32,10 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state == READY and (self.pool is None or self.pool.ready)
 
+    @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
 
 @dataclass
 class ModelRecord:

@@ -119,6 +119,11 @@ class Server:
         """In-process inference; call `response.done()` when finished with its outputs."""
         return await self.dataplane.infer(request)
 
+    def stream(self, request: InferRequest):
+        """In-process streaming: an async iterator of StreamedResponse (see DataPlane.stream);
+        call `done()` on each response when finished with its outputs."""
+        return self.dataplane.stream(request)
+
     async def stop(self) -> None:
         """Refuse new work, let in-flight requests finish (up to --exit-timeout-secs),
         then stop the endpoints and the models; every shared-memory segment is unlinked."""

@@ -4,18 +4,32 @@ A batch's inputs arrive as one block, inline or in a slot of the input arena; ea
 slice of it, which the model sees as a zero-copy view. Outputs above the inline threshold are
 written into the output arena, whose slots this side allocates and the front hands back with
 `Release` once it has copied them out.
+
+A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
+them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
+to its client: past that, the sender waits (the backpressure of a slow reader), unless the
+request is cancelled, whose responses are dropped here.
 """
 
+import functools
 import logging
+import threading
+import time
 
 import numpy as np
 
 from shmserve.ipc import datatypes, messages
 from shmserve.ipc.allocator import ArenaAllocator
+from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers.runner import RunnerInput, RunnerRequest
 
 log = logging.getLogger("shmserve.worker")
+
+RESPONSE_WINDOW = 64
+# A blocked sender polls its row: from this interval, doubling up to the next.
+_POLL_FIRST_S = 0.0002
+_POLL_MAX_S = 0.005
 
 
 class WorkerLoop:
@@ -26,7 +40,10 @@ class WorkerLoop:
         self._input_arena = Segment.attach(init.input_arena)
         self._output_arena = Segment.attach(init.output_arena)
         self._output_alloc = ArenaAllocator(self._output_arena.size)
+        # Decoupled models place outputs from their own threads too.
+        self._output_lock = threading.Lock()
         self._output_buf = self._output_arena.buffer
+        self._table = RequestTable(Segment.attach(init.request_table))
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
@@ -38,8 +55,9 @@ class WorkerLoop:
                 if isinstance(msg, messages.Execute):
                     self._execute(msg)
                 elif isinstance(msg, messages.Release):
-                    for offset in msg.offsets:
-                        self._output_alloc.free(offset)
+                    with self._output_lock:
+                        for offset in msg.offsets:
+                            self._output_alloc.free(offset)
                 elif isinstance(msg, messages.Shutdown):
                     try:
                         self._runner.finalize()
@@ -53,6 +71,7 @@ class WorkerLoop:
         finally:
             self._input_arena.close()
             self._output_arena.close()
+            self._table.close()
 
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
@@ -62,6 +81,8 @@ class WorkerLoop:
 
     def _execute(self, msg: messages.Execute) -> None:
         block = self._input_block(msg.input_block)
+        table = self._table
+        decoupled = self._runner.decoupled
         requests = [
             RunnerRequest(
                 request_id=r.request_id,
@@ -70,6 +91,9 @@ class WorkerLoop:
                 parameters=r.parameters,
                 inputs=[_runner_input(t, block) for t in r.inputs],
                 requested_output_names=r.requested_outputs,
+                is_cancelled=functools.partial(table.cancelled, r.row),
+                respond=(_RowResponder(table, r.row, self._send_stream_response)
+                         if decoupled else None),
             )
             for r in msg.requests
         ]
@@ -77,16 +101,20 @@ class WorkerLoop:
         # The model may keep no reference to its inputs past execute (as in Triton), so the
         # views are dropped here and the front may reuse the input slot.
         del requests, block
-        frames = []
-        for resp in responses:
-            if resp.error is not None:
-                frames.append(messages.ResponseFrame(list(resp.error), [], resp.parameters))
-                continue
-            outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), self._place(o))
-                       for o in resp.outputs]
-            frames.append(messages.ResponseFrame(None, outputs, resp.parameters))
+        frames = [self._frame(resp) for resp in responses]
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
                                            timings.compute_infer_ns, timings.compute_output_ns))
+
+    def _frame(self, resp) -> messages.ResponseFrame:
+        if resp.error is not None:
+            return messages.ResponseFrame(list(resp.error), [], resp.parameters)
+        outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), self._place(o))
+                   for o in resp.outputs]
+        return messages.ResponseFrame(None, outputs, resp.parameters)
+
+    def _send_stream_response(self, row: int, resp, final: bool) -> None:
+        frame = None if resp is None else self._frame(resp)
+        self._channel.send(messages.StreamResponse(row, final, frame))
 
     def _place(self, out):
         """Inline bytes for small outputs, else a slot in the output arena."""
@@ -99,7 +127,8 @@ class WorkerLoop:
             nbytes = arr.nbytes
         if nbytes <= self._inline_threshold:
             return data if data is not None else _raw(arr)
-        offset = self._output_alloc.alloc(nbytes)
+        with self._output_lock:
+            offset = self._output_alloc.alloc(nbytes)
         if offset is None:  # arena full: correctness over speed
             return data if data is not None else _raw(arr)
         dst = self._output_buf[offset:offset + nbytes]
@@ -108,6 +137,35 @@ class WorkerLoop:
         else:
             np.copyto(np.frombuffer(dst, dtype=arr.dtype).reshape(arr.shape), arr)
         return (messages.OUTPUT_ARENA, offset, nbytes)
+
+
+class _RowResponder:
+    """`respond(response, final)` of one request of a decoupled model, whose row in the
+    request table says whether it was cancelled and how many responses the front consumed."""
+
+    __slots__ = ("_table", "_row", "_send", "_sent")
+
+    def __init__(self, table: RequestTable, row: int, send):
+        self._table = table
+        self._row = row
+        self._send = send  # (row, response or None, final)
+        self._sent = 0
+
+    def __call__(self, response, final: bool) -> None:
+        table = self._table
+        if response is not None:
+            pause = _POLL_FIRST_S
+            while (self._sent - table.consumed(self._row) >= RESPONSE_WINDOW
+                   and not table.cancelled(self._row)):
+                time.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX_S)
+            if table.cancelled(self._row):
+                response = None  # nobody will read it
+                if not final:
+                    return
+            else:
+                self._sent += 1
+        self._send(self._row, response, final)
 
 
 def _runner_input(ref: messages.TensorRef, block: memoryview) -> RunnerInput:

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -36,6 +37,10 @@ class RunnerInput:
     buffer: memoryview | bytes  # wire bytes: little-endian; BYTES length-prefixed; BF16 raw
 
 
+def _never_cancelled() -> bool:
+    return False
+
+
 @dataclass(slots=True)
 class RunnerRequest:
     request_id: str
@@ -44,6 +49,9 @@ class RunnerRequest:
     parameters: dict
     inputs: list[RunnerInput]
     requested_output_names: list[str]
+    is_cancelled: Callable[[], bool] = _never_cancelled
+    # A decoupled model's way out: respond(RunnerResponse or None, final), from any thread.
+    respond: Callable[["RunnerResponse | None", bool], None] | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +109,24 @@ class _SentResponse:
             self.final = True
 
 
+class _StreamedResponses:
+    """Response-sender callback of a decoupled model: each response goes out as it is sent."""
+
+    __slots__ = ("_respond", "_requested")
+
+    def __init__(self, respond, requested):
+        self._respond = respond
+        self._requested = requested
+
+    def __call__(self, response, flags):
+        final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._respond(None if response is None else _runner_response(response, self._requested),
+                      final)
+
+    def end_with(self, response: RunnerResponse) -> None:
+        self._respond(response, True)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -124,15 +150,11 @@ class ModelRunner:
         self._model_repository = model_repository
         self._model = None
         self._loop = None
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def initialize(self) -> None:
-        if pb_utils.using_decoupled_model_transaction_policy(self._model_config):
-            raise RunnerError(
-                f"model '{self._model_name}' uses the decoupled transaction policy, which "
-                "shmserve does not support yet"
-            )
         filename = self._model_config.get("default_model_filename") or "model.py"
         stem, extension = os.path.splitext(filename)
         if extension != ".py":
@@ -207,6 +229,9 @@ class ModelRunner:
     # --- execute -----------------------------------------------------------------------------
 
     def execute(self, requests: list[RunnerRequest]) -> tuple[list[RunnerResponse], Timings]:
+        """Run one batch. A model that is not decoupled gets one response per request, in
+        order; a decoupled model answers through each request's `respond`, and the list is
+        empty."""
         start = time.perf_counter_ns()
         results: list[RunnerResponse | None] = [None] * len(requests)
         batch = []  # (index in `requests`, pb_utils request, its sender callback)
@@ -216,7 +241,10 @@ class ModelRunner:
             except ValueError as exc:
                 results[index] = _error_response("INVALID_ARG", str(exc))
                 continue
-            sent = _SentResponse()
+            if self.decoupled:
+                sent = _StreamedResponses(request.respond, set(request.requested_output_names))
+            else:
+                sent = _SentResponse()
             pb_request = pb_utils.InferenceRequest._incoming(
                 model_name=self._model_name,
                 request_id=request.request_id,
@@ -226,7 +254,7 @@ class ModelRunner:
                 parameters=request.parameters,
                 inputs=inputs,
                 requested_output_names=request.requested_output_names,
-                sender=pb_utils.InferenceResponseSender(sent),
+                sender=pb_utils.InferenceResponseSender(sent, request.is_cancelled),
             )
             batch.append((index, pb_request, sent))
         inputs_done = time.perf_counter_ns()
@@ -241,11 +269,22 @@ class ModelRunner:
             except Exception as exc:
                 _log.exception("execute failed for model instance '%s'", self._instance_name)
                 failure = _describe(exc)
-            if failure is not None:
-                for pb_request in pb_requests:
-                    pb_request._sender._close()
         infer_done = time.perf_counter_ns()
 
+        if self.decoupled:
+            for index, request in enumerate(requests):
+                if results[index] is not None:  # its inputs were unreadable
+                    request.respond(results[index], True)
+            if failure is not None:
+                # Requests still open end with the error; the others were answered in full.
+                for _, pb_request, sent in batch:
+                    if pb_request._sender._close():
+                        sent.end_with(self._internal_error(failure))
+            return [], Timings(inputs_done - start, infer_done - inputs_done, 0)
+
+        if failure is not None:
+            for pb_request in pb_requests:
+                pb_request._sender._close()
         for index, pb_request, sent in batch:
             if failure is not None:
                 results[index] = self._internal_error(failure)
@@ -262,6 +301,11 @@ class ModelRunner:
         returned = self._complete(self._model.execute(pb_requests))
         if returned is None:
             return  # every request must have been answered through its response sender
+        if self.decoupled:
+            raise _ContractError(
+                "Python model in decoupled mode must return None from execute; answer through "
+                "the requests' response senders"
+            )
         if not isinstance(returned, list):
             raise _ContractError(
                 f"Expected a list in the execute return, found type '{type(returned)}'."

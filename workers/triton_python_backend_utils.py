@@ -391,9 +391,12 @@ class InferenceResponseSender:
     def is_cancelled(self):
         return self._is_cancelled is not None and self._is_cancelled()
 
-    def _close(self):
+    def _close(self) -> bool:
+        """Close the sender; whether it was still open."""
         with self._lock:
+            was_open = not self._closed
             self._closed = True
+            return was_open
 
 
 def _bls_unsupported(what):

@@ -3,8 +3,12 @@
 `execute` sends one Execute frame per batch and resolves when the Result frame comes back.
 The batch's input bytes travel as one block (see `_layout`): inline in the frame when small,
 else in one slot of the input arena, freed when the Result frame comes back.
+Each request takes a row of the worker's request table for as long as the worker holds it
+(see ipc/request_table.py). A decoupled model's requests carry a ResponseStream, fed by the
+worker's StreamResponse frames until the final one; their batch's Result only ends the
+execution.
 A worker that dies fails the batches it holds (the running one and the one queued behind
-it), with an error naming the instance.
+it), and the streams still open, with an error naming the instance.
 """
 
 import asyncio
@@ -21,6 +25,8 @@ from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
+from shmserve.ipc.request_table import SIZE as REQUEST_TABLE_BYTES
+from shmserve.ipc.request_table import RequestTable, RowAllocator
 
 log = logging.getLogger("shmserve.dispatch")
 
@@ -52,6 +58,8 @@ class WorkRequest:
     parameters: dict
     inputs: list  # of WorkInput
     requested_outputs: list  # of str
+    # Set for a decoupled model: where its responses go (a dispatch.stream.ResponseStream).
+    stream: object = None
 
 
 @dataclass(slots=True)
@@ -90,7 +98,11 @@ class WorkerHandle:
                                instance_kind=instance_kind, device_id=device_id)
         self._on_exit = on_exit
         self._batch_ids = itertools.count(1)
-        self._pending: dict = {}  # batch id -> (future, input-arena slot or None)
+        # batch id -> (future, input-arena slot or None, table rows to free at its Result)
+        self._pending: dict = {}
+        self._streams: dict = {}  # table row -> ResponseStream still open
+        self._table: Optional[RequestTable] = None
+        self._rows: Optional[RowAllocator] = None
         self._channel: Optional[AsyncChannel] = None
         self._process: Optional[asyncio.subprocess.Process] = None
         self._ready: Optional[asyncio.Future] = None
@@ -118,6 +130,8 @@ class WorkerHandle:
         self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
         self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
         self._output_buf = self._output_arena.buffer
+        self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
+        self._rows = RowAllocator()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._process = await asyncio.create_subprocess_exec(
@@ -141,7 +155,8 @@ class WorkerHandle:
             child.close()
         self._channel.send(messages.Init(
             **self._init_args, input_arena=self._input_arena.name,
-            output_arena=self._output_arena.name, inline_threshold=INLINE_THRESHOLD))
+            output_arena=self._output_arena.name, request_table=self._table.segment.name,
+            inline_threshold=INLINE_THRESHOLD))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -158,23 +173,43 @@ class WorkerHandle:
                               f"model instance '{self.instance_name}' is not available")
         batch_id = next(self._batch_ids)
         slot = None
+        rows = self._take_rows(batch)
         try:
-            frames, pieces, nbytes = _layout(batch)
+            frames, pieces, nbytes = _layout(batch, rows)
             block, slot = self._place_block(pieces, nbytes)
             future = asyncio.get_running_loop().create_future()
-            self._pending[batch_id] = (future, slot)
+            plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
+            self._pending[batch_id] = (future, slot, plain_rows, len(batch))
+            for row, req in zip(rows, batch):
+                if req.stream is not None:
+                    self._streams[row] = req.stream
+                    req.stream.attach(self._table, row)
             self._channel.send(messages.Execute(batch_id, block, frames))
-        except ConnectionError:
+        except BaseException as exc:
             self._pending.pop(batch_id, None)
             self._free_block(slot)
-            self.alive = False
-            raise ServerError(Code.UNAVAILABLE,
-                              f"model instance '{self.instance_name}' is not available") from None
-        except BaseException:
-            self._pending.pop(batch_id, None)
-            self._free_block(slot)
+            for row in rows:
+                self._streams.pop(row, None)
+                self._rows.give_back(row)
+            if isinstance(exc, ConnectionError):
+                self.alive = False
+                raise ServerError(Code.UNAVAILABLE, f"model instance '{self.instance_name}' is "
+                                                    f"not available") from None
             raise
         return await future
+
+    def _take_rows(self, batch: list) -> list:
+        rows = []
+        for _ in batch:
+            row = self._rows.take()
+            if row is None:
+                for taken in rows:
+                    self._rows.give_back(taken)
+                raise ServerError(Code.UNAVAILABLE, f"model instance '{self.instance_name}' holds "
+                                                    f"too many requests")
+            self._table.reset(row)
+            rows.append(row)
+        return rows
 
     def _release_outputs(self, offsets: list, generation: int) -> None:
         if self.alive and generation == self._generation:
@@ -220,6 +255,11 @@ class WorkerHandle:
             self._output_arena.close()
             self._output_arena.unlink()
             self._output_arena = None
+        if self._table is not None:
+            segment = self._table.segment
+            self._table.close()
+            segment.unlink()
+            self._table = None
 
     def _place_block(self, pieces: list, nbytes: int) -> tuple:
         """(the Execute frame's input block, its input-arena slot or None)."""
@@ -236,13 +276,26 @@ class WorkerHandle:
             self._input_arena.free(slot)
 
     def _on_message(self, msg) -> None:
-        if isinstance(msg, messages.Result):
+        if isinstance(msg, messages.StreamResponse):
+            stream = self._streams.get(msg.row)
+            if stream is None:
+                return
+            if msg.final:
+                del self._streams[msg.row]
+                self._rows.give_back(msg.row)
+            stream.push(None if msg.response is None else self._response(msg.response), msg.final)
+        elif isinstance(msg, messages.Result):
             entry = self._pending.pop(msg.batch_id, None)
             if entry is None:
                 return
-            future, slot = entry
+            future, slot, rows, count = entry
             self._free_block(slot)
-            responses = self._responses(msg)
+            for row in rows:
+                self._rows.give_back(row)
+            if msg.responses:
+                responses = [self._response(frame) for frame in msg.responses]
+            else:  # a decoupled model's batch: its responses went to the streams
+                responses = [WorkResponse(None) for _ in range(count)]
             if future.done():  # the caller gave up: nobody will copy these outputs out
                 for r in responses:
                     if r.release is not None:
@@ -260,28 +313,24 @@ class WorkerHandle:
         if self._bye is not None and not self._bye.done():
             self._bye.set_result(None)
 
-    def _responses(self, msg: messages.Result) -> list:
-        out = []
-        for frame in msg.responses:
-            if frame.error is not None:
-                code, text = frame.error
-                out.append(WorkResponse(ServerError(_code(code), text), parameters=frame.parameters))
-                continue
-            outputs = []
-            slots = []
-            for t in frame.outputs:
-                loc = t.location
-                if isinstance(loc, bytes):
-                    data = loc
-                else:
-                    _, offset, nbytes = loc
-                    data = self._output_buf[offset:offset + nbytes]
-                    slots.append(offset)
-                outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-            release = (functools.partial(self._release_outputs, slots, self._generation)
-                       if slots else None)
-            out.append(WorkResponse(None, outputs, frame.parameters, release))
-        return out
+    def _response(self, frame: messages.ResponseFrame) -> WorkResponse:
+        if frame.error is not None:
+            code, text = frame.error
+            return WorkResponse(ServerError(_code(code), text), parameters=frame.parameters)
+        outputs = []
+        slots = []
+        for t in frame.outputs:
+            loc = t.location
+            if isinstance(loc, bytes):
+                data = loc
+            else:
+                _, offset, nbytes = loc
+                data = self._output_buf[offset:offset + nbytes]
+                slots.append(offset)
+            outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
+        release = (functools.partial(self._release_outputs, slots, self._generation)
+                   if slots else None)
+        return WorkResponse(None, outputs, frame.parameters, release)
 
     def _on_closed(self, exc) -> None:
         self.alive = False
@@ -303,17 +352,20 @@ class WorkerHandle:
             self._on_exit(self)
 
     def _fail_pending(self, why: str) -> None:
+        error = ServerError(Code.INTERNAL, f"Failed to process the request(s) for model instance "
+                                           f"'{self.instance_name}', message: the instance's "
+                                           f"process {why}")
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.fail(error)
         pending, self._pending = self._pending, {}
-        for future, slot in pending.values():
+        for future, slot, _, _ in pending.values():
             self._free_block(slot)
             if not future.done():
-                future.set_exception(ServerError(
-                    Code.INTERNAL,
-                    f"Failed to process the request(s) for model instance "
-                    f"'{self.instance_name}', message: the instance's process {why}"))
+                future.set_exception(error)
 
 
-def _layout(batch: list) -> tuple[list, list, int]:
+def _layout(batch: list, rows: list) -> tuple[list, list, int]:
     """The batch's RequestFrames, with its input bytes laid out as one block, input-major: for
     each input name, in order of first appearance, the tensors of that name of every request
     that has one, back to back in batch order (so a batched model can view them as one array).
@@ -323,14 +375,14 @@ def _layout(batch: list) -> tuple[list, list, int]:
     """
     frames = []
     placed = []  # (TensorRef, its bytes)
-    for req in batch:
+    for req, row in zip(batch, rows):
         refs = []
         for t in req.inputs:
             ref = messages.TensorRef(t.name, t.datatype, t.shape, None)
             refs.append(ref)
             placed.append((ref, t.data))
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
-                                            req.parameters, refs, req.requested_outputs))
+                                            req.parameters, refs, req.requested_outputs, row))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

@@ -5,15 +5,18 @@ generic handlers over our private-pool message classes, so no generated stubs ar
 """
 
 import asyncio
+import collections
+import contextlib
 import logging
 
 import grpc
 from google.protobuf import json_format
 
 from shmserve import proto
-from shmserve.dataplane import DataPlane
+from shmserve.dataplane import DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.grpc import codec
+from shmserve.inference import StreamedResponse
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.grpc")
@@ -87,67 +90,170 @@ class InferenceServicer:
 
     async def ModelInfer(self, request):
         infer_request = codec.decode_model_infer_request(request)
-        response = await self.dp.infer(infer_request)
+        try:
+            response = await self.dp.infer(infer_request)
+        except DecoupledModel:
+            raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
+                                                "decoupled transaction policy") from None
         try:
             return codec.encode_model_infer_response(response)
         finally:
             response.done()
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Responses leave in request order; errors travel in-band and the stream stays
-        open, unless the client asked for `triton_grpc_error` (then the RPC ends)."""
+        """Many requests in flight on one stream. Responses of decoupled models leave as they
+        come; those of other models in request order. Errors travel in-band and the stream
+        stays open, unless the client asked for `triton_grpc_error` (then the RPC ends)."""
         grpc_error = any(k == "triton_grpc_error" and v.lower() == "true"
                          for k, v in context.invocation_metadata() or ())
-        # Bounded: a client that sends faster than it reads stops being read from.
-        inflight: asyncio.Queue = asyncio.Queue(maxsize=STREAM_INFLIGHT)
-
-        async def read():
-            try:
-                async for msg in request_iterator:
-                    await inflight.put((msg, asyncio.ensure_future(self._stream_one(msg))))
-            finally:
-                await inflight.put(None)
-
-        reader = asyncio.ensure_future(read())
-        pending = []
+        stream = _Stream(self.dp)
+        reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while True:
-                item = await inflight.get()
+                item = await stream.next()
                 if item is None:
                     break
-                msg, task = item
-                pending.append(task)
-                try:
-                    out = await task
-                except ServerError as exc:
+                out, written = item
+                if isinstance(out, _Failure):
                     if grpc_error:
-                        await context.abort(STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
-                                            exc.message)
-                    out = proto.ModelStreamInferResponse(error_message=exc.message)
-                    out.infer_response.id = msg.id
-                    out.infer_response.model_name = msg.model_name
-                    out.infer_response.model_version = msg.model_version
-                    out.infer_response.parameters["triton_final_response"].bool_param = True
-                pending.remove(task)
+                        await context.abort(STATUS.get(out.error.code, grpc.StatusCode.UNKNOWN),
+                                            out.error.message)
+                    out = out.in_band()
                 yield out
+                if written is not None:
+                    written.set_result(None)
         finally:
             reader.cancel()
-            while not inflight.empty():
-                item = inflight.get_nowait()
-                if item is not None:
-                    pending.append(item[1])
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(reader, *pending, return_exceptions=True)
+            await stream.close()
+            await asyncio.gather(reader, return_exceptions=True)
 
-    async def _stream_one(self, msg):
-        response = await self.dp.infer(codec.decode_model_infer_request(msg))
+
+class _Stream:
+    """The requests of one ModelStreamInfer call, and their responses in the order they may
+    leave. Each request is served by a task; a decoupled request's task hands over one
+    response at a time and waits until it is written (so a slow client slows the model, see
+    dataplane.stream), while other requests' single responses line up in request order."""
+
+    def __init__(self, dp: DataPlane):
+        self.dp = dp
+        self._ready: asyncio.Queue = asyncio.Queue()  # (message, written future or None)
+        self._in_order: collections.deque = collections.deque()  # futures, request order
+        self._tasks: set = set()
+        self._room = asyncio.Semaphore(STREAM_INFLIGHT)
+        self._reading = True
+
+    async def read(self, request_iterator) -> None:
         try:
-            out = proto.ModelStreamInferResponse()
-            out.infer_response.CopyFrom(codec.encode_model_infer_response(response))
+            async for msg in request_iterator:
+                # Bounded: a client that sends faster than it reads stops being read from.
+                await self._room.acquire()
+                try:
+                    decoupled = self.dp.is_decoupled(msg.model_name, msg.model_version)
+                except ServerError:
+                    decoupled = False  # the error is answered in order
+                if decoupled:
+                    task = asyncio.ensure_future(self._serve_decoupled(msg))
+                    task.add_done_callback(self._room_back)
+                else:
+                    # Its room comes back once its answer leaves (see next()).
+                    task = asyncio.ensure_future(self._serve_one(msg))
+                    self._in_order.append(task)
+                self._tasks.add(task)
+                task.add_done_callback(self._task_done)
         finally:
-            response.done()
-        out.infer_response.parameters["triton_final_response"].bool_param = True
+            self._reading = False
+            self._ready.put_nowait(None)
+
+    def _room_back(self, task) -> None:
+        self._room.release()
+
+    def _task_done(self, task) -> None:
+        self._tasks.discard(task)
+        self._ready.put_nowait(None)  # wakes next(): an in-order answer may be due
+
+    async def next(self):
+        """The next (message or _Failure, written future or None); None when all is done."""
+        while True:
+            if self._in_order and self._in_order[0].done():
+                task = self._in_order.popleft()
+                self._room.release()
+                if not task.cancelled():
+                    return task.result(), None
+                continue
+            item = await self._ready.get()
+            if item is not None:
+                return item
+            if not self._reading and not self._tasks and not self._in_order:
+                return None
+
+    async def _serve_one(self, msg):
+        """The single response of a request to a model that is not decoupled (or its error)."""
+        try:
+            async with contextlib.aclosing(self.dp.stream(codec.decode_model_infer_request(msg))) as responses:
+                async for item in responses:
+                    return _stream_response(msg, item)
+        except ServerError as exc:
+            return _Failure(msg, exc, True)
+
+    async def _serve_decoupled(self, msg) -> None:
+        loop = asyncio.get_running_loop()
+        empty_final = msg.parameters["triton_enable_empty_final_response"].bool_param \
+            if "triton_enable_empty_final_response" in msg.parameters else False
+        try:
+            async with contextlib.aclosing(self.dp.stream(codec.decode_model_infer_request(msg))) as responses:
+                async for item in responses:
+                    if item.response is None and item.error is None and not empty_final:
+                        continue
+                    written = loop.create_future()
+                    self._ready.put_nowait((_stream_response(msg, item), written))
+                    await written
+        except ServerError as exc:
+            self._ready.put_nowait((_Failure(msg, exc, True), None))
+
+    async def close(self) -> None:
+        """The call ended: whatever is still running for it is cancelled."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _stream_response(msg, item: StreamedResponse):
+    """The message for one response of request `msg` (a _Failure for an error)."""
+    if item.error is not None:
+        return _Failure(msg, item.error, item.final)
+    out = proto.ModelStreamInferResponse()
+    response = out.infer_response
+    if item.response is not None:
+        try:
+            response.CopyFrom(codec.encode_model_infer_response(item.response))
+        finally:
+            item.response.done()
+    else:
+        response.id = msg.id
+        response.model_name = msg.model_name
+        response.model_version = msg.model_version
+    response.parameters["triton_final_response"].bool_param = item.final
+    return out
+
+
+class _Failure:
+    """An error for request `msg`: in-band by default, the end of the call with
+    `triton_grpc_error`."""
+
+    __slots__ = ("msg", "error", "final")
+
+    def __init__(self, msg, error: ServerError, final: bool):
+        self.msg = msg
+        self.error = error
+        self.final = final
+
+    def in_band(self):
+        out = proto.ModelStreamInferResponse(error_message=self.error.message)
+        response = out.infer_response
+        response.id = self.msg.id
+        response.model_name = self.msg.model_name
+        response.model_version = self.msg.model_version
+        response.parameters["triton_final_response"].bool_param = self.final
         return out
 
 

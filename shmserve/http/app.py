@@ -4,14 +4,15 @@ Transport only: routes decode, call the dataplane, and encode; no scheduling or 
 """
 
 import asyncio
+import contextlib
 import logging
 
 import orjson
 from aiohttp import web
 
-from shmserve.dataplane import DataPlane
+from shmserve.dataplane import DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
-from shmserve.http import codec, compression
+from shmserve.http import codec, compression, generate
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.http")
@@ -128,7 +129,11 @@ class HttpRoutes:
         else:
             infer_request, fmt = codec.decode_infer_request(
                 body, header_length, request.match_info["model"], _version(request))
-        response = await self.dp.infer(infer_request)
+        try:
+            response = await self.dp.infer(infer_request)
+        except DecoupledModel:
+            raise ServerError(Code.UNSUPPORTED, "HTTP end point doesn't support models with "
+                                                "decoupled transaction policy") from None
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
             payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -146,8 +151,73 @@ class HttpRoutes:
         return resp
 
 
-# aiohttp would inflate compressed bodies itself, without our bound on the inflated size.
-RUNNER_OPTIONS = {"auto_decompress": False}
+    async def generate(self, request: web.Request):
+        """Exactly one response, as one JSON object."""
+        infer_request = await self._generate_request(request)
+        payload = None
+        async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
+            async for item in responses:
+                if item.error is not None:
+                    raise item.error
+                if item.response is None:
+                    continue
+                try:
+                    if payload is not None:
+                        raise ServerError(Code.INTERNAL, "generate expects exactly one response "
+                                                         "from the model, which sent more: use "
+                                                         "generate_stream")
+                    payload = generate.encode_generate_response(item.response)
+                finally:
+                    item.response.done()
+        if payload is None:
+            raise ServerError(Code.INTERNAL, "the model sent no response")
+        return web.Response(body=payload, content_type="application/json")
+
+    async def generate_stream(self, request: web.Request):
+        """Server-sent events, one per response. The first response fixes the HTTP status;
+        an error after it arrives as an `error` event."""
+        infer_request = await self._generate_request(request)
+        stream = None
+        async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
+            try:
+                async for item in responses:
+                    if stream is None:
+                        if item.error is not None:
+                            raise item.error
+                        stream = web.StreamResponse(headers=SSE_HEADERS)
+                        await stream.prepare(request)
+                    if item.error is not None:
+                        await stream.write(generate.sse_error(item.error.message))
+                    elif item.response is not None:
+                        try:
+                            event = generate.sse_data(
+                                generate.encode_generate_response(item.response))
+                        finally:
+                            item.response.done()
+                        await stream.write(event)
+            except ServerError as exc:
+                if stream is None:
+                    raise
+                await stream.write(generate.sse_error(exc.message))
+        await stream.write_eof()
+        return stream
+
+    async def _generate_request(self, request: web.Request):
+        name = request.match_info["model"]
+        version = _version(request)
+        body = await request.read()
+        return generate.decode_generate_request(body, name, version,
+                                                self.dp.signature(name, version))
+
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+RUNNER_OPTIONS = {
+    # aiohttp would inflate compressed bodies itself, without our bound on the inflated size.
+    "auto_decompress": False,
+    # A client that goes away cancels its request (queued or streaming) at once.
+    "handler_cancellation": True,
+}
 
 
 def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
@@ -166,4 +236,6 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
         app.router.add_get(prefix + "/config", r.model_config)
         app.router.add_get(prefix + "/stats", r.model_stats)
         app.router.add_post(prefix + "/infer", r.infer)
+        app.router.add_post(prefix + "/generate", r.generate)
+        app.router.add_post(prefix + "/generate_stream", r.generate_stream)
     return app

@@ -71,12 +71,7 @@ def decode_infer_request(
         raise invalid_arg(
             f"inference header size should be in range (0, {total}), got: {header_length}"
         )
-    try:
-        doc = orjson.loads(view[:header_length])
-    except orjson.JSONDecodeError as e:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") from None
-    if type(doc) is not dict:
-        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+    doc = json_object(view[:header_length])
 
     request_id = doc.get("id", "")
     if type(request_id) is not str:
@@ -91,6 +86,17 @@ def decode_infer_request(
         outputs=_outputs(doc.get("outputs"), fmt),
     )
     return request, fmt
+
+
+def json_object(buf) -> dict:
+    """A request body's JSON object; INVALID_ARG for anything else."""
+    try:
+        doc = orjson.loads(buf)
+    except orjson.JSONDecodeError as e:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") from None
+    if type(doc) is not dict:
+        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+    return doc
 
 
 def encode_infer_response(
@@ -209,7 +215,7 @@ def _inputs(items, view: memoryview, offset: int, model_name: str) -> list[Input
             _check_shm_params(params)
             data = None
         else:
-            data = _json_input_bytes(name, datatype, shape, item["data"])
+            data = json_input_bytes(name, datatype, shape, item["data"])
         inputs.append(InputTensor(name, datatype, shape, data, params))
 
     if offset != total:
@@ -243,7 +249,9 @@ def _check_shm_params(params: dict) -> None:
             raise invalid_arg(f"Unable to parse '{key}'")
 
 
-def _json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memoryview | bytes:
+def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memoryview | bytes:
+    """Wire bytes of a JSON `data` array (flat or nested) for a tensor of `shape`;
+    INVALID_ARG when the values do not fit the datatype or the shape."""
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary "

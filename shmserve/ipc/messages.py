@@ -11,6 +11,10 @@ name's tensors of all requests back to back, in batch order; padding between nam
 name's run aligned), so a batched model can view one input of the whole batch as one array. An output's location is inline bytes or a slot
 `[OUTPUT_ARENA, offset, nbytes]` of the output arena, which the worker allocates. The front
 created both arenas for the worker.
+
+Each request also names its row of the worker's request table (see request_table.py). A
+decoupled model answers each request with any number of `StreamResponse`s, from any thread,
+at any time, the last one marked final; its batch's `Result` then only ends the execution.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +24,7 @@ from typing import Any, Optional, Union
 INPUT_ARENA = 0  # written by the front, read by the worker
 OUTPUT_ARENA = 1  # written by the worker, read by the front
 
-INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE = range(1, 8)
+INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE = range(1, 9)
 
 
 @dataclass(slots=True)
@@ -52,12 +56,13 @@ class Init:
     device_id: int
     input_arena: str
     output_arena: str
+    request_table: str
     inline_threshold: int
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
-                self.input_arena, self.output_arena, self.inline_threshold]
+                self.input_arena, self.output_arena, self.request_table, self.inline_threshold]
 
     @staticmethod
     def from_wire(w: list) -> "Init":
@@ -84,14 +89,16 @@ class RequestFrame:
     parameters: dict
     inputs: list  # of TensorRef
     requested_outputs: list  # of str
+    row: int  # in the worker's request table
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
-                [t.to_wire() for t in self.inputs], self.requested_outputs]
+                [t.to_wire() for t in self.inputs], self.requested_outputs, self.row]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
-        return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5])
+        return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
+                            w[6])
 
 
 @dataclass(slots=True)
@@ -126,7 +133,8 @@ class ResponseFrame:
 @dataclass(slots=True)
 class Result:
     batch_id: int
-    responses: list  # of ResponseFrame, one per request of the batch, in order
+    # Of ResponseFrame, one per request of the batch, in order; empty for a decoupled model.
+    responses: list
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
@@ -138,6 +146,24 @@ class Result:
     @staticmethod
     def from_wire(w: list) -> "Result":
         return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5])
+
+
+@dataclass(slots=True)
+class StreamResponse:
+    """One response of a decoupled model's request (its table row); `response` is None for
+    a final flag sent alone."""
+
+    row: int
+    final: bool
+    response: Optional[ResponseFrame]
+
+    def to_wire(self) -> list:
+        return [STREAM_RESPONSE, self.row, self.final,
+                None if self.response is None else self.response.to_wire()]
+
+    @staticmethod
+    def from_wire(w: list) -> "StreamResponse":
+        return StreamResponse(w[1], w[2], None if w[3] is None else ResponseFrame.from_wire(w[3]))
 
 
 @dataclass(slots=True)
@@ -175,7 +201,7 @@ class Bye:
 
 
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
-           SHUTDOWN: Shutdown, BYE: Bye}
+           SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse}
 
 
 def from_wire(w: list) -> Any:

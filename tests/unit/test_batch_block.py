@@ -109,7 +109,7 @@ def test_layout_is_input_major_with_aligned_runs():
                          []),
              WorkRequest("r2", 0, 0, {}, [WorkInput("A", "FP32", [1, 1], b"a2a2"),
                                           WorkInput("B", "INT8", [1, 3], b"BBB")], [])]
-    frames, pieces, size = worker._layout(batch)
+    frames, pieces, size = worker._layout(batch, [0, 1, 2])
     block = b"".join(pieces)
     assert size == len(block) == worker.BLOCK_ALIGNMENT + 16
     assert block[:6] == b"bbbBBB" and block[worker.BLOCK_ALIGNMENT:] == b"a0a0a1a1a1a1a2a2"

@@ -3,6 +3,7 @@
 import importlib
 import json
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -165,10 +166,104 @@ def test_missing_model_file(make_runner):
         runner.initialize()
 
 
-def test_decoupled_models_are_refused_clearly(make_runner):
-    config = dict(CONFIG, model_transaction_policy={"decoupled": True})
-    with pytest.raises(RunnerError, match="decoupled"):
-        make_runner(DOUBLE, config=config).initialize()
+DECOUPLED = dict(CONFIG, model_transaction_policy={"decoupled": True})
+
+# Sends IN[0] responses (0, 1, ...) for each request from a thread, after execute returned;
+# IN[0] < 0 raises in execute, 0 sends the final flag alone.
+STREAMER = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        threads = []
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if n < 0:
+                raise ValueError("negative count")
+            threads.append(threading.Thread(target=self._stream, args=(request, n)))
+        for t in threads:
+            t.start()
+        return None
+
+    def _stream(self, request, n):
+        sender = request.get_response_sender()
+        for i in range(n):
+            if sender.is_cancelled():
+                break
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array([i], dtype=np.float32)),
+                pb_utils.Tensor("EXTRA", np.array([i], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+class Collector:
+    """respond(...) of several requests; wait() until each has its final response."""
+
+    def __init__(self, count):
+        self.responses = [[] for _ in range(count)]
+        self.finals = [threading.Event() for _ in range(count)]
+
+    def respond(self, index):
+        def respond(response, final):
+            self.responses[index].append(response)
+            if final:
+                self.finals[index].set()
+        return respond
+
+    def wait(self):
+        for event in self.finals:
+            assert event.wait(10)
+
+
+def test_decoupled_model_answers_through_respond(make_runner):
+    runner = make_runner(STREAMER, config=DECOUPLED)
+    runner.initialize()
+    got = Collector(3)
+    requests = [fp32_request([n], f"r{n}", outputs=["OUT"], respond=got.respond(k))
+                for k, n in enumerate((3, 0, 1))]
+    responses, _ = runner.execute(requests)
+    assert responses == []
+    got.wait()
+    values = [[None if r is None else outputs_of(r)["OUT"].array.tolist() for r in rs]
+              for rs in got.responses]
+    # The final flag arrives alone; EXTRA was not requested.
+    assert values == [[[0.0], [1.0], [2.0], None], [None], [[0.0], None]]
+
+
+def test_decoupled_execute_failure_ends_open_requests_with_the_error(make_runner):
+    runner = make_runner(STREAMER, config=DECOUPLED)
+    runner.initialize()
+    got = Collector(2)
+    requests = [fp32_request([2], "a", respond=got.respond(0)),
+                fp32_request([-1], "b", respond=got.respond(1))]
+    assert runner.execute(requests)[0] == []
+    got.wait()
+    for responses in got.responses:
+        (last,) = responses
+        assert last.error[0] == "INTERNAL" and "negative count" in last.error[1]
+
+
+def test_decoupled_cancellation_reaches_the_sender(make_runner):
+    runner = make_runner(STREAMER, config=DECOUPLED)
+    runner.initialize()
+    got = Collector(1)
+    request = fp32_request([1000], respond=got.respond(0), is_cancelled=lambda: True)
+    runner.execute([request])
+    got.wait()
+    assert got.responses[0] == [None]
+
+
+def test_decoupled_model_must_return_none(make_runner):
+    runner = make_runner(DOUBLE, config=DECOUPLED)
+    runner.initialize()
+    got = Collector(1)
+    runner.execute([fp32_request([1], respond=got.respond(0))])
+    got.wait()
+    (only,) = got.responses[0]
+    assert only.error[0] == "INTERNAL" and "must return None" in only.error[1]
 
 
 # --- execute ----------------------------------------------------------------------------------
