@@ -8,7 +8,10 @@ written into the output arena, whose slots this side allocates and the front han
 A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
 them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
 to its client: past that, the sender waits (the backpressure of a slow reader), unless the
-request is cancelled, whose responses are dropped here.
+request is cancelled, whose responses are dropped here. Until its first response has been
+handed over, the window is one response: a model that streams as fast as it can would
+otherwise take the CPU that the first response needs to reach its client (time to first
+response matters most to a streaming client).
 """
 
 import functools
@@ -27,8 +30,9 @@ from workers.runner import RunnerInput, RunnerRequest
 log = logging.getLogger("shmserve.worker")
 
 RESPONSE_WINDOW = 64
+FIRST_WINDOW = 1
 # A blocked sender polls its row: from this interval, doubling up to the next.
-_POLL_FIRST_S = 0.0002
+_POLL_FIRST_S = 0.00005
 _POLL_MAX_S = 0.005
 
 
@@ -155,8 +159,10 @@ class _RowResponder:
         table = self._table
         if response is not None:
             pause = _POLL_FIRST_S
-            while (self._sent - table.consumed(self._row) >= RESPONSE_WINDOW
-                   and not table.cancelled(self._row)):
+            while not table.cancelled(self._row):
+                consumed = table.consumed(self._row)
+                if self._sent - consumed < (RESPONSE_WINDOW if consumed else FIRST_WINDOW):
+                    break
                 time.sleep(pause)
                 pause = min(pause * 2, _POLL_MAX_S)
             if table.cancelled(self._row):

@@ -156,12 +156,15 @@ def decode_model_infer_request(msg) -> InferRequest:
     )
 
 
-def encode_model_infer_response(resp: InferResponse):
-    """-> proto.ModelInferResponse with one raw_output_contents entry per output, in output
-    order, always: tritonclient finds an output's bytes by its position."""
-    msg = proto.ModelInferResponse(
-        model_name=resp.model_name, model_version=resp.model_version, id=resp.id
-    )
+def encode_model_infer_response(resp: InferResponse, msg=None):
+    """-> proto.ModelInferResponse (filled into `msg` if given) with one raw_output_contents
+    entry per output, in output order, always: tritonclient finds an output's bytes by its
+    position."""
+    if msg is None:
+        msg = proto.ModelInferResponse()
+    msg.model_name = resp.model_name
+    msg.model_version = resp.model_version
+    msg.id = resp.id
     if resp.parameters:
         parameters_to_proto(resp.parameters, msg.parameters)
     for out in resp.outputs:

@@ -225,7 +225,7 @@ def _stream_response(msg, item: StreamedResponse):
     response = out.infer_response
     if item.response is not None:
         try:
-            response.CopyFrom(codec.encode_model_infer_response(item.response))
+            codec.encode_model_infer_response(item.response, response)
         finally:
             item.response.done()
     else:

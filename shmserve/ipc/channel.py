@@ -5,11 +5,18 @@ the worker's end (blocking socket; `send` may be called from several threads).
 """
 
 import asyncio
+import collections
 import socket
 import threading
 from typing import Callable, Optional
 
 from shmserve.ipc import codec
+
+
+# Frames handled per turn of the event loop. A streaming worker can deliver hundreds of frames
+# in one read; handling them all at once would hold back the tasks the first ones woke (the
+# readers that forward responses), and so the time to first response.
+FRAMES_PER_TURN = 8
 
 
 class AsyncChannel(asyncio.Protocol):
@@ -18,18 +25,48 @@ class AsyncChannel(asyncio.Protocol):
         self._on_closed = on_closed
         self._splitter = codec.FrameSplitter()
         self._transport: Optional[asyncio.Transport] = None
+        self._backlog: collections.deque = collections.deque()
+        self._paused = False
 
     def connection_made(self, transport):
         self._transport = transport
 
     def data_received(self, data):
         try:
-            bodies = self._splitter.feed(data)
-            for body in bodies:
-                self._on_message(codec.decode_body(body))
+            self._backlog.extend(self._splitter.feed(data))
         except Exception as exc:  # a corrupt frame means the worker is unusable
+            self._fail(exc)
+            return
+        if not self._paused:
+            self._handle_backlog()
+
+    def _handle_backlog(self):
+        backlog = self._backlog
+        try:
+            for _ in range(FRAMES_PER_TURN):
+                if not backlog:
+                    break
+                self._on_message(codec.decode_body(backlog.popleft()))
+        except Exception as exc:
+            self._fail(exc)
+            return
+        transport = self._transport
+        if transport is None:
+            return
+        if backlog:
+            if not self._paused:
+                self._paused = True
+                transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._handle_backlog)
+        elif self._paused:
+            self._paused = False
+            transport.resume_reading()
+
+    def _fail(self, exc):
+        self._backlog.clear()
+        if self._transport is not None:
             self._transport.abort()
-            self._on_closed(exc)
+        self._on_closed(exc)
 
     def connection_lost(self, exc):
         self._transport = None

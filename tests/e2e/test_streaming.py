@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from shmserve.inference import InferRequest, InputTensor
 from shmserve.server import Options, Server
-from workers.loop import RESPONSE_WINDOW
+from workers.loop import FIRST_WINDOW, RESPONSE_WINDOW
 
 MODELS = ("repeat", "square", "stream_probe", "slow", "identity_fp32")
 WAIT_S = 10.0  # the most any single response or state change may take
@@ -494,21 +494,24 @@ def test_in_process_stream_is_bounded_by_the_response_window(test_repository, tm
                 parameters={"record_to": record})
             async with contextlib.aclosing(server.stream(request)) as responses:
                 values = []
+                paused = []
                 async for item in responses:
                     if item.response is None:
                         continue
                     values.append(bytes(item.response.outputs[0].data))
                     item.response.done()
-                    if len(values) == 1:
-                        # Not asking for the next one: the model may run ahead by the window.
+                    if len(values) <= 2:
+                        # Not asking for the next one: the model may run ahead by the window
+                        # (one response until the first is consumed).
                         await asyncio.sleep(1.0)
-                        _, sent_while_paused = read_record(record)
-            return values, sent_while_paused
+                        paused.append(read_record(record)[1])
+            return values, paused
         finally:
             await server.stop()
 
-    values, sent_while_paused = asyncio.run(main())
-    assert RESPONSE_WINDOW // 2 < sent_while_paused <= RESPONSE_WINDOW + 2
+    values, (before_first_consumed, after) = asyncio.run(main())
+    assert before_first_consumed == FIRST_WINDOW
+    assert RESPONSE_WINDOW // 2 < after <= RESPONSE_WINDOW + 2
     assert values == [bytes([k % 256]) * 4 for k in range(count)]
     assert read_record(record) == ("sent", count)
 
