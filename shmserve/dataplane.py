@@ -5,6 +5,7 @@ anything reaches a worker.
 """
 
 import asyncio
+import contextlib
 import functools
 import time
 
@@ -145,7 +146,11 @@ class DataPlane:
             raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
-        response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
+        mv.stats.inflight += 1
+        try:
+            response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
+        finally:
+            mv.stats.inflight -= 1
         return _response(request, mv, response)
 
     async def stream(self, request: InferRequest):
@@ -159,10 +164,23 @@ class DataPlane:
         """
         mv = self._model(request)
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
-        if not mv.decoupled:
-            response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
-            yield StreamedResponse(_response(request, mv, response), None, True)
-            return
+        # Counted until its stream ends, so that a draining server waits for the whole stream.
+        mv.stats.inflight += 1
+        try:
+            if mv.decoupled:
+                async with contextlib.aclosing(self._stream_decoupled(
+                        mv, request, work, batch_size, priority, timeout_us, started)) as items:
+                    async for item in items:
+                        yield item
+            else:
+                response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us,
+                                                 started)
+                yield StreamedResponse(_response(request, mv, response), None, True)
+        finally:
+            mv.stats.inflight -= 1
+
+    async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
+                                started):
         stream = work.stream = ResponseStream()
         run = asyncio.ensure_future(
             self._run(mv, work, batch_size, priority, timeout_us, started))
@@ -225,7 +243,6 @@ class DataPlane:
         """Schedule one request until its batch ran: (WorkResponse, queue ns, timings). A
         request that is not decoupled is counted here; a decoupled one when its stream ends."""
         stats = mv.stats
-        stats.inflight += 1
         try:
             response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
                                                                     timeout_us)
@@ -239,8 +256,6 @@ class DataPlane:
             if work.stream is None:
                 stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
-        finally:
-            stats.inflight -= 1
         if work.stream is None:
             if response.error is not None:
                 stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
