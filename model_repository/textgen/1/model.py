@@ -1,0 +1,248 @@
+"""textgen: a small character-level transformer (transformer.py) as a decoupled Triton model.
+
+execute() only checks each request and queues it; one generation thread decodes every active
+request together, one batched forward per token (continuous batching: new requests join
+between steps, finished ones leave), and answers through each request's response sender.
+
+Inputs; any optional input left out is read from the request parameter of the same name, else
+takes its default:
+  text_input  STRING  the prompt: printable ASCII (other characters are replaced), may be empty
+  max_tokens  INT32   characters to generate, at least 1 (default 64)
+  temperature FP32    0 = greedy (default 1.0, as in the vLLM backend)
+  top_p       FP32    nucleus sampling, in (0, 1] (default 1.0)
+  seed        UINT64  seeds the request's own random stream (default: nondeterministic)
+  stop        STRING  [-1] stop sequences, left out of the output; parameter: string or list
+  stream      BOOL    false (default): one response with the whole text, flagged FINAL;
+                      true: one response per generated character, the last one flagged FINAL
+                      (text that may start a stop sequence waits until it is known not to)
+Output: text_output STRING [-1], one UTF-8 string.
+A cancelled request gets only the FINAL flag; a bad input value an INVALID_ARG error.
+Generation ends after max_tokens characters, at a stop sequence, or when prompt and text fill
+the model's context window (256 characters); a prompt of 256 characters or more is refused.
+A KIND_GPU instance computes with cupy when it imports (numpy otherwise).
+"""
+
+import collections
+import json
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from .transformer import DecodeBatch, SamplingParams, Sequence, Transformer
+
+# Sequences decoding together at most; more requests wait for a free slot.
+MAX_ACTIVE = 32
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@dataclass
+class _Job:
+    request: object
+    sender: object
+    seq: Sequence
+    stream: bool
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        xp = _array_module(args.get("model_instance_kind", "CPU"))
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights.npz")
+        self._model = Transformer.load(path, xp)
+        self._jobs = queue.SimpleQueue()  # _Job, or None to stop
+        generator = _Generator(self._model, self._jobs)
+        self._thread = threading.Thread(target=generator.run, name="textgen", daemon=True)
+        self._thread.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._job(request, sender)
+            except ValueError as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                continue
+            self._jobs.put(job)
+        return None
+
+    def finalize(self):
+        self._jobs.put(None)
+        self._thread.join()
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def _job(self, request, sender) -> _Job:
+        parameters = json.loads(request.parameters() or "{}")
+
+        def value(name, convert, default):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                array = tensor.as_numpy()
+                if array.size != 1:
+                    raise ValueError(f"input '{name}' must hold one value, not {array.size}")
+                return convert(name, array.reshape(-1).tolist()[0])
+            if name in parameters:
+                return convert(name, parameters[name])
+            return default
+
+        prompt = value("text_input", _text, None)
+        if prompt is None:
+            raise ValueError("input 'text_input' is required")
+        params = SamplingParams(
+            max_tokens=value("max_tokens", _integer, 64),
+            temperature=value("temperature", _number, 1.0),
+            top_p=value("top_p", _number, 1.0),
+            stop=_stop_sequences(request, parameters),
+            seed=value("seed", _integer, None),
+        )
+        seq = Sequence(self._model.vocab.encode(prompt), params, self._model.context)
+        return _Job(request, sender, seq, value("stream", _flag, False))
+
+
+class _Generator:
+    """The generation thread's state: the decode batch, the jobs in it and those waiting."""
+
+    def __init__(self, model: Transformer, jobs: queue.SimpleQueue):
+        self._model = model
+        self._queue = jobs
+        self._batch = DecodeBatch(model, MAX_ACTIVE)
+        self._active = {}  # Sequence -> _Job, for the sequences in the batch
+        self._waiting = collections.deque()
+
+    def run(self) -> None:
+        while self._take_new():
+            self._drop_cancelled()
+            self._admit()
+            try:
+                pieces = self._batch.step()
+            except Exception as exc:  # noqa: BLE001 (every request in the step gets the error)
+                for job in self._active.values():
+                    _fail(job, f"generation failed: {exc}")
+                self._active.clear()
+                self._batch = DecodeBatch(self._model, MAX_ACTIVE)
+                continue
+            self._answer(pieces)
+        for job in [*self._active.values(), *self._waiting]:
+            _fail(job, "textgen is being unloaded", pb_utils.TritonError.UNAVAILABLE)
+
+    def _take_new(self) -> bool:
+        """Moves queued jobs to the waiting line, blocking for one when there is nothing else
+        to do; False when asked to stop."""
+        try:
+            job = self._queue.get(block=not self._active and not self._waiting)
+            while job is not None:
+                self._waiting.append(job)
+                job = self._queue.get_nowait()
+            return False
+        except queue.Empty:
+            return True
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._batch.sequences if self._active[s].request.is_cancelled()]:
+            self._batch.remove(seq)
+            _send(self._active.pop(seq), None, FINAL)
+        for job in [j for j in self._waiting if j.request.is_cancelled()]:
+            self._waiting.remove(job)
+            _send(job, None, FINAL)
+
+    def _admit(self) -> None:
+        while self._waiting and not self._batch.full:
+            job = self._waiting.popleft()
+            try:
+                self._batch.add(job.seq)
+            except Exception as exc:  # noqa: BLE001 (the request gets the error)
+                _fail(job, f"prefill failed: {exc}")
+                continue
+            self._active[job.seq] = job
+
+    def _answer(self, pieces) -> None:
+        for seq, piece in pieces:
+            job = self._active[seq]
+            if seq.finished:
+                del self._active[seq]
+                if not job.stream:
+                    _send(job, _text_response(seq.text), FINAL)
+                else:
+                    _send(job, _text_response(piece) if piece else None, FINAL)
+            elif job.stream and piece and not _send(job, _text_response(piece), 0):
+                self._batch.remove(seq)
+                del self._active[seq]
+
+
+def _array_module(instance_kind: str):
+    if instance_kind == "GPU":
+        try:
+            import cupy
+        except ImportError:
+            return np
+        return cupy
+    return np
+
+
+def _text_response(text: str):
+    data = np.array([text.encode("utf-8")], dtype=np.object_)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", data)])
+
+
+def _send(job: _Job, response, flags: int) -> bool:
+    """Sends; False when the sender refuses (the request is gone), which ends the job."""
+    try:
+        job.sender.send(response, flags=flags)
+        return True
+    except Exception as exc:  # noqa: BLE001 (one lost client must not stop the others)
+        pb_utils.Logger.log_warn(f"textgen: dropping request '{job.request.request_id()}': {exc}")
+        return False
+
+
+def _fail(job: _Job, message: str, code=pb_utils.TritonError.INTERNAL) -> None:
+    _send(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
+
+
+# --- input values -----------------------------------------------------------------------------
+
+
+def _text(name, value) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"input '{name}' is not valid UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"'{name}' must be a string, not {value!r}")
+
+
+def _integer(name, value) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{name}' must be an integer, not {value!r}")
+    return value
+
+
+def _number(name, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"'{name}' must be a number, not {value!r}")
+    return float(value)
+
+
+def _flag(name, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"'{name}' must be true or false, not {value!r}")
+    return value
+
+
+def _stop_sequences(request, parameters) -> tuple:
+    tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+    if tensor is not None:
+        values = tensor.as_numpy().reshape(-1).tolist()
+    else:
+        values = parameters.get("stop", [])
+        if not isinstance(values, list):
+            values = [values]
+    return tuple(_text("stop", v) for v in values)
