@@ -382,24 +382,29 @@ def _json_data(out: OutputTensor):
         )
     if datatype not in datatypes.WIRE_TYPES:
         raise invalid_arg("Invalid data type for output tensor")
+    try:
+        return output_values(out, "strict")
+    except UnicodeDecodeError:
+        # Triton writes such bytes into the JSON unchecked, producing a body that is not
+        # valid UTF-8 and that tritonclient fails to parse. A clear error is kinder.
+        raise invalid_arg(
+            f"output '{out.name}' holds BYTES that are not valid UTF-8 and cannot be "
+            "returned as JSON; request it with binary_data=true"
+        ) from None
+
+
+def output_values(out: OutputTensor, utf8_errors: str):
+    """An output's elements, flat, as JSON shows them: BYTES decoded to str (UTF-8, with
+    `utf8_errors` as str.decode takes it), BOOL as bools, numbers as a numpy array."""
+    datatype = out.datatype
     count = datatypes.element_count(out.shape)
     mismatch = f"output tensor shape does not match size of output for '{out.name}'"
-
     if datatype == "BYTES":
         try:
             elements = datatypes.deserialize_bytes(out.data, count)
         except ValueError:
             raise internal(mismatch) from None
-        try:
-            return [element.decode() for element in elements]
-        except UnicodeDecodeError:
-            # Triton writes such bytes into the JSON unchecked, producing a body that is not
-            # valid UTF-8 and that tritonclient fails to parse. A clear error is kinder.
-            raise invalid_arg(
-                f"output '{out.name}' holds BYTES that are not valid UTF-8 and cannot be "
-                "returned as JSON; request it with binary_data=true"
-            ) from None
-
+        return [element.decode(errors=utf8_errors) for element in elements]
     dtype = _BOOL_BYTES if datatype == "BOOL" else datatypes.numpy_dtype(datatype)
     if _nbytes(out.data) != count * dtype.itemsize:
         raise internal(mismatch)

@@ -10,16 +10,14 @@ generate has no binary alternative, and a stream of text tokens may split a char
 across responses, so a readable string beats failing the whole response.
 """
 
-import numpy as np
 import orjson
 
-from shmserve.errors import internal, invalid_arg
-from shmserve.http.codec import json_input_bytes, json_object
+from shmserve.errors import invalid_arg
+from shmserve.http.codec import json_input_bytes, json_object, output_values
 from shmserve.inference import InferRequest, InferResponse, InputTensor, OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.signature import ModelSignature, TensorSpec
 
-_BOOL_BYTES = np.dtype(np.uint8)
 _RESPONSE_KEYS = ("id", "model_name", "model_version")
 
 
@@ -133,21 +131,5 @@ def _output_value(out: OutputTensor):
             f"sending {datatype} data via JSON is not supported; output '{out.name}' cannot "
             "be returned by generate"
         )
-    count = datatypes.element_count(out.shape)
-    mismatch = f"output tensor shape does not match size of output for '{out.name}'"
-
-    if datatype == "BYTES":
-        try:
-            elements = datatypes.deserialize_bytes(out.data, count)
-        except ValueError:
-            raise internal(mismatch) from None
-        values = [element.decode(errors="replace") for element in elements]
-    else:
-        dtype = _BOOL_BYTES if datatype == "BOOL" else datatypes.numpy_dtype(datatype)
-        nbytes = out.data.nbytes if type(out.data) is memoryview else len(out.data)
-        if nbytes != count * dtype.itemsize:
-            raise internal(mismatch)
-        values = np.frombuffer(out.data, dtype)
-        if datatype == "BOOL":
-            values = values != 0
-    return values[0] if count == 1 else values
+    values = output_values(out, "replace")
+    return values[0] if len(values) == 1 else values
