@@ -19,7 +19,7 @@ UNSUPPORTED_FLAGS = (
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
-    "grpc-restricted-protocol", "allow-client-shm", "metrics-config", "metrics-interval-ms",
+    "grpc-restricted-protocol", "metrics-config", "metrics-interval-ms",
     "allow-gpu-metrics", "allow-cpu-metrics", "log-file", "log-format", "buffer-manager-thread-count",
     "host-policy", "model-namespacing",
     "response-cache-byte-size", "min-supported-compute-capability", "exit-on-error",
@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
+    # Triton's default is false; shared memory is what shmserve is for, so it is on here.
+    p.add_argument("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
                    help="deprecated Triton spelling: true means --disable-auto-complete-config")
@@ -101,6 +103,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        allow_client_shm=args.allow_client_shm,
     )
     return options, args
 

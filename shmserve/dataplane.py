@@ -18,8 +18,10 @@ from shmserve.inference import (InferRequest, InferResponse, InputTensor, Output
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
 from shmserve.scheduling.queue import QueueRejection
+from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
+              "system_shared_memory", "cuda_shared_memory"]
 
 # Request parameters the server consumes; the model sees the others through parameters().
 RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
@@ -29,9 +31,10 @@ SEQUENCE_END = 2
 
 
 class DataPlane:
-    def __init__(self, registry: Registry, *, server_id: str = "shmserve",
-                 strict_readiness: bool = True):
+    def __init__(self, registry: Registry, shared_memory: SharedMemoryManager, *,
+                 server_id: str = "shmserve", strict_readiness: bool = True):
         self.registry = registry
+        self.shared_memory = shared_memory
         self.server_id = server_id
         self.strict_readiness = strict_readiness
         self.live = False
@@ -147,10 +150,12 @@ class DataPlane:
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
         mv.stats.inflight += 1
+        regions = _hold_regions(work)
         try:
             response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
         finally:
             mv.stats.inflight -= 1
+            _release_regions(regions)
         return _response(request, mv, response)
 
     async def stream(self, request: InferRequest):
@@ -166,6 +171,7 @@ class DataPlane:
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
         # Counted until its stream ends, so that a draining server waits for the whole stream.
         mv.stats.inflight += 1
+        regions = _hold_regions(work)
         try:
             if mv.decoupled:
                 async with contextlib.aclosing(self._stream_decoupled(
@@ -178,6 +184,7 @@ class DataPlane:
                 yield StreamedResponse(_response(request, mv, response), None, True)
         finally:
             mv.stats.inflight -= 1
+            _release_regions(regions)
 
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
@@ -229,11 +236,13 @@ class DataPlane:
         started = time.perf_counter_ns()
         params = request.parameters
         try:
-            work, batch_size = _prepare(request, mv)
+            work, batch_size = _prepare(request, mv, self.shared_memory)
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
             mv.stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            if isinstance(exc, RegionError):
+                raise
             # Triton names the request in validation errors.
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
                                         f"{exc.message}") from None
@@ -295,7 +304,22 @@ def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
         stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
 
 
-def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
+def _hold_regions(work: WorkRequest) -> list:
+    """The client regions the request uses, held until it ends (see shared_memory.Region)."""
+    regions = [t.data.region for t in work.inputs if type(t.data) is RegionSlice]
+    regions.extend(s.region for s in work.output_regions.values())
+    for region in regions:
+        region.users += 1
+    return regions
+
+
+def _release_regions(regions: list) -> None:
+    for region in regions:
+        region.release()
+
+
+def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
+             ) -> tuple[WorkRequest, int]:
     """Validate a request against the model; the WorkRequest and its batch size."""
     sig = mv.signature
     name = mv.name
@@ -345,13 +369,17 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
                               f"unexpected shape for input '{t.name}' for model '{name}'. "
                               f"Expected {_fmt(expected)}, got {_fmt(shape)}")
         if t.data is None:
-            _no_such_region(t.parameters)
-            raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
-        _check_byte_size(t, name)
+            if "shared_memory_region" not in t.parameters:
+                raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
+            data = shared_memory.slice(t.parameters)
+            _check_shm_byte_size(t, data.nbytes, name)
+        else:
+            data = t.data
+            _check_byte_size(t, name)
         model_shape = list(shape)
         if spec.reshape is not None:
             model_shape = ([shape[0]] if batching else []) + _reshape(spec.reshape, item_shape)
-        inputs.append(WorkInput(t.name, t.datatype, model_shape, t.data))
+        inputs.append(WorkInput(t.name, t.datatype, model_shape, data))
     if len(seen) != len(sig.inputs):
         missing = [n for n, s in sig.inputs.items() if n not in seen and not s.optional]
         if missing:
@@ -360,6 +388,7 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
                               f"expected {required} inputs but got {len(seen)} inputs for model "
                               f"'{name}'. Got input(s) {_names(seen)}, but missing required "
                               f"input(s) {_names(missing)}. Please provide all required input(s).")
+    output_regions = {}
     if request.outputs:
         requested = []
         for o in request.outputs:
@@ -367,7 +396,7 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
                 raise ServerError(Code.INVALID_ARG,
                                   f"unexpected inference output '{o.name}' for model '{name}'")
             if o.parameters and "shared_memory_region" in o.parameters:
-                _no_such_region(o.parameters)
+                output_regions[o.name] = shared_memory.slice(o.parameters)
             requested.append(o.name)
     else:
         requested = list(sig.outputs)
@@ -379,7 +408,7 @@ def _prepare(request: InferRequest, mv) -> tuple[WorkRequest, int]:
     if params.get("sequence_end"):
         flags |= SEQUENCE_END
     work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
-                       requested)
+                       requested, output_regions=output_regions)
     return work, batch_size
 
 
@@ -389,13 +418,6 @@ def _uint_parameter(params: dict, name: str) -> int:
         raise ServerError(Code.INVALID_ARG, f"parameter '{name}' must be a non-negative "
                                             f"integer, got {value!r}")
     return value
-
-
-def _no_such_region(parameters: dict) -> None:
-    """No client region can be registered yet, so any region a tensor names is unknown."""
-    region = parameters.get("shared_memory_region")
-    if region is not None:
-        raise ServerError(Code.NOT_FOUND, f"Unable to find shared memory region: '{region}'")
 
 
 def _dims_match(shape, dims) -> bool:
@@ -432,6 +454,18 @@ def _check_byte_size(t, model: str) -> None:
                               f"'{t.name}' for model '{model}': {exc}") from None
         return
     expected = count * datatypes.element_size(t.datatype)
+    if nbytes != expected:
+        raise ServerError(Code.INVALID_ARG,
+                          f"input byte size mismatch for input '{t.name}' for model '{model}'. "
+                          f"Expected {expected}, got {nbytes}")
+
+
+def _check_shm_byte_size(t, nbytes: int, model: str) -> None:
+    """A tensor in shared memory must fill its slice exactly; the worker checks the elements
+    of a BYTES tensor, which only it reads."""
+    if t.datatype == "BYTES":
+        return
+    expected = datatypes.element_count(t.shape) * datatypes.element_size(t.datatype)
     if nbytes != expected:
         raise ServerError(Code.INVALID_ARG,
                           f"input byte size mismatch for input '{t.name}' for model '{model}'. "

@@ -17,7 +17,8 @@ from shmserve.dispatch.supervisor import Supervisor
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.ipc import shm
 from shmserve.registry import Registry
-from shmserve.repository.loader import Loader
+from shmserve.repository.loader import Loader, gpu_count
+from shmserve.shared_memory import SharedMemoryManager
 
 log = logging.getLogger("shmserve")
 
@@ -42,6 +43,7 @@ class Options:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    allow_client_shm: bool = True
 
 
 class Server:
@@ -50,7 +52,10 @@ class Server:
             raise ValueError("exactly one --model-repository is supported")
         self.options = options
         self.registry = Registry()
-        self.dataplane = DataPlane(self.registry, server_id=options.server_id,
+        self.shared_memory = SharedMemoryManager(allowed=options.allow_client_shm,
+                                                 gpu_count=gpu_count())
+        self.dataplane = DataPlane(self.registry, self.shared_memory,
+                                   server_id=options.server_id,
                                    strict_readiness=options.strict_readiness)
         self.supervisor = Supervisor()
         self.loader = Loader(self.registry, options.model_repository[0],
@@ -136,6 +141,7 @@ class Server:
             await runner.cleanup()
         self._runners.clear()
         await self.supervisor.stop()
+        self.shared_memory.unregister_all()
         await self.loader.unload_all()
         self.dataplane.live = False
 

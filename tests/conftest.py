@@ -10,6 +10,8 @@ import urllib.request
 from dataclasses import dataclass
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHM_DIR = "/dev/shm"
@@ -149,6 +151,16 @@ def server(test_repository, tmp_path_factory):
                        wait_models=("add_sub", "identity_fp32", "string_echo", "echo_all"))
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def clients(server):
+    """A tritonclient HTTP and gRPC client of the session's server, by protocol name."""
+    made = {"http": httpclient.InferenceServerClient(server.http_url),
+            "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
+    yield made
+    for c in made.values():
+        c.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -57,3 +57,48 @@ def from_dlpack(exporter):
 
 def to_numpy(array):
     return _cupy().asnumpy(array)
+
+
+def open_ipc_handle(raw_handle: bytes, device: int) -> int:
+    """The device pointer of another process's allocation, from its cudaIpcMemHandle_t."""
+    cupy = _cupy()
+    if cupy is None:
+        raise RuntimeError("CUDA shared memory needs cupy in the worker (pip install "
+                           "shmserve[gpu])")
+    with cupy.cuda.Device(device):
+        return cupy.cuda.runtime.ipcOpenMemHandle(raw_handle)
+
+
+def close_ipc_handle(pointer: int, device: int) -> None:
+    cupy = _cupy()
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.ipcCloseMemHandle(pointer)
+
+
+def allocation_size(pointer: int, device: int):
+    """Bytes of the allocation that `pointer` starts, or None when the driver cannot say."""
+    cupy = _cupy()
+    try:
+        with cupy.cuda.Device(device):
+            _, size = cupy.cuda.driver.memGetAddressRange(pointer)
+    except AttributeError:  # older cupy without the driver call
+        return None
+    return size
+
+
+def device_bytes(pointer: int, nbytes: int, device: int):
+    """A cupy uint8 array over `nbytes` of device memory this process does not own."""
+    cupy = _cupy()
+    memory = cupy.cuda.UnownedMemory(pointer, nbytes, None, device)
+    return cupy.ndarray((nbytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+
+
+def copy_into(dst, src) -> None:
+    """Copy the uint8 array `src` (host or device) into the device uint8 array `dst`."""
+    cupy = _cupy()
+    with cupy.cuda.Device(dst.device.id):
+        if is_device_array(src):
+            cupy.copyto(dst, src)
+        else:
+            dst.set(src)
+        cupy.cuda.get_current_stream().synchronize()

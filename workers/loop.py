@@ -3,7 +3,8 @@
 A batch's inputs arrive as one block, inline or in a slot of the input arena; each input is a
 slice of it, which the model sees as a zero-copy view. Outputs above the inline threshold are
 written into the output arena, whose slots this side allocates and the front hands back with
-`Release` once it has copied them out.
+`Release` once it has copied them out. Inputs in a client's shared-memory region are views of
+it, and outputs the client asked into its region are written there (see regions.py).
 
 A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
 them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
@@ -25,7 +26,9 @@ from shmserve.ipc import datatypes, messages
 from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
-from workers.runner import RunnerInput, RunnerRequest
+from workers import cuda
+from workers.regions import ClientRegions
+from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
 
@@ -48,6 +51,8 @@ class WorkerLoop:
         self._output_lock = threading.Lock()
         self._output_buf = self._output_arena.buffer
         self._table = RequestTable(Segment.attach(init.request_table))
+        self._regions = ClientRegions(gpu_inputs=init.instance_kind == "GPU"
+                                      and _wants_gpu_inputs(init.model_config))
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
@@ -58,6 +63,12 @@ class WorkerLoop:
                     return  # the front is gone: nothing left to answer
                 if isinstance(msg, messages.Execute):
                     self._execute(msg)
+                elif isinstance(msg, messages.MapSystemRegion):
+                    self._regions.map_system(msg)
+                elif isinstance(msg, messages.MapCudaRegion):
+                    self._regions.map_cuda(msg)
+                elif isinstance(msg, messages.UnmapRegion):
+                    self._regions.unmap(msg.region_id)
                 elif isinstance(msg, messages.Release):
                     with self._output_lock:
                         for offset in msg.offsets:
@@ -76,6 +87,7 @@ class WorkerLoop:
             self._input_arena.close()
             self._output_arena.close()
             self._table.close()
+            self._regions.close()
 
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
@@ -87,42 +99,89 @@ class WorkerLoop:
         block = self._input_block(msg.input_block)
         table = self._table
         decoupled = self._runner.decoupled
-        requests = [
-            RunnerRequest(
+        requests = []
+        unreadable = {}  # index in the batch -> error response of a request whose region failed
+        for r in msg.requests:
+            try:
+                inputs = [self._runner_input(t, block) for t in r.inputs]
+            except ValueError as exc:
+                inputs = []
+                unreadable[len(requests)] = RunnerResponse([], ("INVALID_ARG", str(exc)), {})
+            targets = r.output_regions
+            send = self._send_stream_response
+            if targets:
+                send = functools.partial(self._send_stream_response, targets=targets)
+            requests.append(RunnerRequest(
                 request_id=r.request_id,
                 correlation_id=r.correlation_id,
                 flags=r.flags,
                 parameters=r.parameters,
-                inputs=[_runner_input(t, block) for t in r.inputs],
+                inputs=inputs,
                 requested_output_names=r.requested_outputs,
                 is_cancelled=functools.partial(table.cancelled, r.row),
-                respond=(_RowResponder(table, r.row, self._send_stream_response)
-                         if decoupled else None),
-            )
-            for r in msg.requests
-        ]
-        responses, timings = self._runner.execute(requests)
+                respond=_RowResponder(table, r.row, send) if decoupled else None,
+            ))
+        runnable = [req for i, req in enumerate(requests) if i not in unreadable]
+        responses, timings = self._runner.execute(runnable)
+        if unreadable:
+            if decoupled:
+                for i, error in unreadable.items():
+                    requests[i].respond(error, True)
+            else:
+                answered = iter(responses)
+                responses = [unreadable[i] if i in unreadable else next(answered)
+                             for i in range(len(requests))]
         # The model may keep no reference to its inputs past execute (as in Triton), so the
         # views are dropped here and the front may reuse the input slot.
-        del requests, block
-        frames = [self._frame(resp) for resp in responses]
+        del requests, runnable, block
+        frames = [self._frame(resp, r.output_regions)
+                  for resp, r in zip(responses, msg.requests)]
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
                                            timings.compute_infer_ns, timings.compute_output_ns))
 
-    def _frame(self, resp) -> messages.ResponseFrame:
+    def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
+        location = ref.location
+        if len(location) == 3:
+            buffer = self._regions.input(location, ref.datatype)
+        else:
+            offset, nbytes = location
+            buffer = block[offset:offset + nbytes]
+        return RunnerInput(ref.name, ref.datatype, ref.shape, buffer)
+
+    def _frame(self, resp, targets: dict) -> messages.ResponseFrame:
         if resp.error is not None:
             return messages.ResponseFrame(list(resp.error), [], resp.parameters)
-        outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), self._place(o))
-                   for o in resp.outputs]
+        outputs = []
+        for o in resp.outputs:
+            target = targets.get(o.name) if targets else None
+            if target is None:
+                location = self._place(o)
+            else:
+                try:
+                    location = self._place_in_region(o, target)
+                except ValueError as exc:
+                    # Triton fails the whole response when an output misses its region.
+                    return messages.ResponseFrame(["INTERNAL", str(exc)], [], resp.parameters)
+            outputs.append(messages.TensorRef(o.name, o.datatype, list(o.shape), location))
         return messages.ResponseFrame(None, outputs, resp.parameters)
 
-    def _send_stream_response(self, row: int, resp, final: bool) -> None:
-        frame = None if resp is None else self._frame(resp)
+    def _send_stream_response(self, row: int, resp, final: bool, targets=None) -> None:
+        frame = None if resp is None else self._frame(resp, targets)
         self._channel.send(messages.StreamResponse(row, final, frame))
+
+    def _place_in_region(self, out, target) -> tuple:
+        arr = out.array
+        serialized = None
+        if out.datatype == "BYTES":
+            serialized = datatypes.serialize_bytes(arr.reshape(-1))
+        nbytes = self._regions.write(target, out.name, arr, serialized)
+        return (messages.CLIENT_REGION, target[0], nbytes)
 
     def _place(self, out):
         """Inline bytes for small outputs, else a slot in the output arena."""
         arr = out.array
+        if cuda.is_device_array(arr):
+            arr = cuda.to_numpy(arr)
         if out.datatype == "BYTES":
             data = datatypes.serialize_bytes(arr.reshape(-1))
             nbytes = len(data)
@@ -174,9 +233,11 @@ class _RowResponder:
         self._send(self._row, response, final)
 
 
-def _runner_input(ref: messages.TensorRef, block: memoryview) -> RunnerInput:
-    offset, nbytes = ref.location
-    return RunnerInput(ref.name, ref.datatype, ref.shape, block[offset:offset + nbytes])
+def _wants_gpu_inputs(model_config: dict) -> bool:
+    """The Python backend gives a model its inputs in host memory unless its config says
+    FORCE_CPU_ONLY_INPUT_TENSORS: "no"."""
+    parameter = model_config.get("parameters", {}).get("FORCE_CPU_ONLY_INPUT_TENSORS", {})
+    return str(parameter.get("string_value", "yes")).lower() in ("no", "false", "0", "off")
 
 
 def _raw(arr: np.ndarray) -> memoryview:

@@ -34,7 +34,9 @@ class RunnerInput:
     name: str
     datatype: str
     shape: list[int]
-    buffer: memoryview | bytes  # wire bytes: little-endian; BYTES length-prefixed; BF16 raw
+    # Wire bytes: little-endian; BYTES length-prefixed; BF16 raw. A cupy uint8 array when the
+    # input is a view of a client's CUDA region.
+    buffer: memoryview | bytes
 
 
 def _never_cancelled() -> bool:
@@ -59,7 +61,9 @@ class RunnerOutput:
     name: str
     datatype: str
     shape: list[int]
-    array: np.ndarray  # C-contiguous; BYTES: object array; BF16: uint16 array
+    # C-contiguous; BYTES: object array; BF16: uint16 array. A cupy array for a GPU tensor,
+    # which is written device to device when its client region is on the GPU.
+    array: np.ndarray
 
 
 @dataclass(slots=True)
@@ -391,6 +395,11 @@ def _error_response(code: str, message: str) -> RunnerResponse:
 def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
     """A pb_utils.Tensor over the wire bytes: a zero-copy view except for BYTES."""
     try:
+        if cuda.is_device_array(tensor.buffer):  # a cupy view of a client's CUDA region
+            dtype = datatypes.numpy_dtype(tensor.datatype)
+            array = tensor.buffer.view(dtype).reshape(tensor.shape)
+            return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype,
+                                         cuda.device_id(array))
         if tensor.datatype == "BYTES":
             count = datatypes.element_count(tensor.shape)
             array = np.empty(count, dtype=np.object_)
@@ -415,6 +424,6 @@ def _runner_response(response: pb_utils.InferenceResponse, requested: set) -> Ru
     for tensor in response.output_tensors():
         if tensor._name not in requested:
             continue
-        array = tensor._array if tensor._device_id is None else cuda.to_numpy(tensor._array)
+        array = tensor._array
         outputs.append(RunnerOutput(tensor._name, tensor._datatype, list(array.shape), array))
     return RunnerResponse(outputs, None, response._parameters)

@@ -7,6 +7,8 @@ Each request takes a row of the worker's request table for as long as the worker
 (see ipc/request_table.py). A decoupled model's requests carry a ResponseStream, fed by the
 worker's StreamResponse frames until the final one; their batch's Result only ends the
 execution.
+Tensors in client shared-memory regions stay there: the worker maps each region when the first
+batch that uses it is sent, and unmaps it when the region's `Region` says so (`unmap_region`).
 A worker that dies fails the batches it holds (the running one and the one queued behind
 it), and the streams still open, with an error naming the instance.
 """
@@ -27,6 +29,7 @@ from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
 from shmserve.ipc.request_table import SIZE as REQUEST_TABLE_BYTES
 from shmserve.ipc.request_table import RequestTable, RowAllocator
+from shmserve.shared_memory import CudaRegion, Region, RegionSlice
 
 log = logging.getLogger("shmserve.dispatch")
 
@@ -45,7 +48,7 @@ class WorkInput:
     name: str
     datatype: str
     shape: list
-    data: object  # bytes or memoryview of raw wire bytes
+    data: object  # bytes or memoryview of raw wire bytes, or a RegionSlice
 
 
 @dataclass(slots=True)
@@ -60,6 +63,8 @@ class WorkRequest:
     requested_outputs: list  # of str
     # Set for a decoupled model: where its responses go (a dispatch.stream.ResponseStream).
     stream: object = None
+    # Output name -> RegionSlice, for outputs the client wants in its own shared memory.
+    output_regions: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -67,7 +72,7 @@ class WorkOutput:
     name: str
     datatype: str
     shape: list
-    data: object  # bytes (inline) or memoryview into the output arena
+    data: object  # bytes (inline; empty when in a client region) or a view of the output arena
 
 
 @dataclass(slots=True)
@@ -116,6 +121,7 @@ class WorkerHandle:
         self.alive = False
         self._running = False  # started and not being stopped: an exit is a crash
         self._exit_watch: Optional[asyncio.Task] = None
+        self._mapped_regions: set = set()  # ids of client regions this process has mapped
 
     @property
     def pid(self) -> Optional[int]:
@@ -132,6 +138,7 @@ class WorkerHandle:
         self._output_buf = self._output_arena.buffer
         self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
         self._rows = RowAllocator()
+        self._mapped_regions = set()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._process = await asyncio.create_subprocess_exec(
@@ -178,6 +185,7 @@ class WorkerHandle:
             frames, pieces, nbytes = _layout(batch, rows)
             block, slot = self._place_block(pieces, nbytes)
             future = asyncio.get_running_loop().create_future()
+            self._map_regions(batch)
             plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
             self._pending[batch_id] = (future, slot, plain_rows, len(batch))
             for row, req in zip(rows, batch):
@@ -197,6 +205,30 @@ class WorkerHandle:
                                                     f"not available") from None
             raise
         return await future
+
+    def _map_regions(self, batch: list) -> None:
+        """Tell the worker of the client regions the batch uses that it has not mapped yet."""
+        for req in batch:
+            slices = [t.data for t in req.inputs if type(t.data) is RegionSlice]
+            slices.extend(req.output_regions.values())
+            for piece in slices:
+                region = piece.region
+                if region.region_id in self._mapped_regions:
+                    continue
+                self._channel.send(_map_message(region))
+                self._mapped_regions.add(region.region_id)
+                region.mapped_by.add(self)
+
+    def unmap_region(self, region_id: int) -> None:
+        """The region is gone and no request uses it any more: the worker unmaps it."""
+        if region_id not in self._mapped_regions:
+            return  # mapped by an earlier process of this instance, which took it along
+        self._mapped_regions.discard(region_id)
+        if self.alive:
+            try:
+                self._channel.send(messages.UnmapRegion(region_id))
+            except ConnectionError:
+                pass
 
     def _take_rows(self, batch: list) -> list:
         rows = []
@@ -323,6 +355,8 @@ class WorkerHandle:
             loc = t.location
             if isinstance(loc, bytes):
                 data = loc
+            elif loc[0] == messages.CLIENT_REGION:
+                data = b""  # the client reads it from its own region
             else:
                 _, offset, nbytes = loc
                 data = self._output_buf[offset:offset + nbytes]
@@ -378,11 +412,19 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
     for req, row in zip(batch, rows):
         refs = []
         for t in req.inputs:
+            data = t.data
+            if type(data) is RegionSlice:
+                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, (
+                    data.region.region_id, data.offset, data.nbytes)))
+                continue
             ref = messages.TensorRef(t.name, t.datatype, t.shape, None)
             refs.append(ref)
-            placed.append((ref, t.data))
+            placed.append((ref, data))
+        output_regions = {name: (s.region.region_id, s.offset, s.nbytes)
+                          for name, s in req.output_regions.items()}
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
-                                            req.parameters, refs, req.requested_outputs, row))
+                                            req.parameters, refs, req.requested_outputs, row,
+                                            output_regions))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []
@@ -400,6 +442,14 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
         pieces.append(data)
         size += n
     return frames, pieces, size
+
+
+def _map_message(region: Region):
+    if isinstance(region, CudaRegion):
+        return messages.MapCudaRegion(region.region_id, region.raw_handle, region.device_id,
+                                      region.byte_size)
+    return messages.MapSystemRegion(region.region_id, region.key, region.offset,
+                                    region.byte_size, list(region.identity))
 
 
 def _by_name(placed: list) -> list:

@@ -110,13 +110,12 @@ def decode_model_infer_request(msg) -> InferRequest:
             raise invalid_arg(f"invalid shape {shape} for input '{name}'")
         tensor_params = parameters_from_proto(tensor.parameters)
         has_contents = tensor.HasField("contents")
-        if _SHM_REGION in tensor_params:
-            if has_contents:
-                raise invalid_arg(
-                    "unexpected 'content' provided when using shared memory for input tensor "
-                    f"'{name}' for model '{model}'"
-                )
-            _check_shm_params(tensor_params)
+        if has_contents and _SHM_REGION in tensor_params:
+            raise invalid_arg(
+                "unexpected 'content' provided when using shared memory for input tensor "
+                f"'{name}' for model '{model}'"
+            )
+        if tensor_params and _in_shared_memory(tensor.parameters, name):
             data = None
         elif has_contents:
             if raw_count:
@@ -142,8 +141,8 @@ def decode_model_infer_request(msg) -> InferRequest:
     outputs = []
     for requested in msg.outputs:
         output_params = parameters_from_proto(requested.parameters)
-        if _SHM_REGION in output_params:
-            _check_shm_params(output_params)
+        if output_params:
+            _in_shared_memory(requested.parameters, requested.name)
         outputs.append(RequestedOutput(requested.name, output_params))
 
     return InferRequest(
@@ -178,15 +177,26 @@ def encode_model_infer_response(resp: InferResponse, msg=None):
     return msg
 
 
-def _check_shm_params(params: dict) -> None:
-    if type(params[_SHM_REGION]) is not str:
-        raise invalid_arg(
-            f"invalid value type for '{_SHM_REGION}' parameter, expected string_param."
-        )
+def _in_shared_memory(params, tensor: str) -> bool:
+    """Whether a tensor's parameters (the proto map) place it in a shared-memory region, with
+    Triton's checks of how they do it (bounds are the region's business)."""
+    in_region = _SHM_REGION in params
+    if in_region and params[_SHM_REGION].WhichOneof("parameter_choice") != "string_param":
+        raise invalid_arg(f"invalid value type for '{_SHM_REGION}' parameter for tensor "
+                          f"'{tensor}', expected string_param.")
     for key in _SHM_INTS:
-        value = params.get(key, 0)
-        if type(value) is not int or value < 0:
-            raise invalid_arg(f"invalid value for '{key}' parameter, expected int64_param >= 0.")
+        if key not in params:
+            continue
+        if not in_region:
+            raise invalid_arg(f"'{key}' can not be specified without '{_SHM_REGION}' parameter "
+                              f"for tensor '{tensor}'")
+        if params[key].WhichOneof("parameter_choice") != "int64_param":
+            raise invalid_arg(f"invalid value type for '{key}' parameter for tensor '{tensor}', "
+                              "expected int64_param.")
+    if in_region and _SHM_INTS[0] not in params:
+        raise invalid_arg(f"'{_SHM_INTS[0]}' must be specified along with '{_SHM_REGION}' "
+                          f"parameter for tensor '{tensor}'")
+    return in_region
 
 
 def _typed_contents_bytes(contents, name: str, datatype: str, model: str) -> bytes | memoryview:

@@ -88,6 +88,32 @@ class InferenceServicer:
             resp.models.add(**entry)
         return resp
 
+    async def SystemSharedMemoryStatus(self, request):
+        return _region_statuses(proto.SystemSharedMemoryStatusResponse(),
+                                self.dp.shared_memory.system_status(request.name))
+
+    async def SystemSharedMemoryRegister(self, request):
+        self.dp.shared_memory.register_system(request.name, request.key, request.offset,
+                                              request.byte_size)
+        return proto.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request):
+        self.dp.shared_memory.unregister_system(request.name)
+        return proto.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request):
+        return _region_statuses(proto.CudaSharedMemoryStatusResponse(),
+                                self.dp.shared_memory.cuda_status(request.name))
+
+    async def CudaSharedMemoryRegister(self, request):
+        self.dp.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
+                                            request.byte_size)
+        return proto.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request):
+        self.dp.shared_memory.unregister_cuda(request.name)
+        return proto.CudaSharedMemoryUnregisterResponse()
+
     async def ModelInfer(self, request):
         infer_request = codec.decode_model_infer_request(request)
         try:
@@ -255,6 +281,14 @@ class _Failure:
         response.model_version = self.msg.model_version
         response.parameters["triton_final_response"].bool_param = self.final
         return out
+
+
+def _region_statuses(response, statuses: list):
+    for status in statuses:
+        entry = response.regions[status["name"]]
+        for key, value in status.items():
+            setattr(entry, key, value)
+    return response
 
 
 class HealthServicer:

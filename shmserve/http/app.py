@@ -12,7 +12,7 @@ from aiohttp import web
 
 from shmserve.dataplane import DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
-from shmserve.http import codec, compression, generate
+from shmserve.http import codec, compression, generate, shared_memory
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.http")
@@ -238,4 +238,5 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
         app.router.add_post(prefix + "/infer", r.infer)
         app.router.add_post(prefix + "/generate", r.generate)
         app.router.add_post(prefix + "/generate_stream", r.generate_stream)
+    shared_memory.add_routes(app, dataplane.shared_memory)
     return app

@@ -12,6 +12,13 @@ name's run aligned), so a batched model can view one input of the whole batch as
 `[OUTPUT_ARENA, offset, nbytes]` of the output arena, which the worker allocates. The front
 created both arenas for the worker.
 
+Tensors in a client's shared-memory region (see shmserve/shared_memory.py) are not in the
+block: an input's location is then `[region_id, offset, nbytes]` within the region, and a
+request's `output_regions` names the slices its outputs go to; the worker writes them there
+and answers with the location `[CLIENT_REGION, region_id, nbytes]`, metadata only. The front
+sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a region, and
+`UnmapRegion` once the region is unregistered and no request uses it.
+
 Each request also names its row of the worker's request table (see request_table.py). A
 decoupled model answers each request with any number of `StreamResponse`s, from any thread,
 at any time, the last one marked final; its batch's `Result` then only ends the execution.
@@ -23,8 +30,10 @@ from typing import Any, Optional, Union
 # Arena identifiers inside a slot location.
 INPUT_ARENA = 0  # written by the front, read by the worker
 OUTPUT_ARENA = 1  # written by the worker, read by the front
+CLIENT_REGION = 2  # an output the worker wrote into a client's region
 
-INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE = range(1, 9)
+(INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
+ MAP_CUDA_REGION, UNMAP_REGION) = range(1, 12)
 
 
 @dataclass(slots=True)
@@ -32,8 +41,9 @@ class TensorRef:
     name: str
     datatype: str
     shape: list
-    # Input: (offset, nbytes) within the batch's input block.
-    # Output: bytes (inline data) or (OUTPUT_ARENA, offset, nbytes), a slot of the output arena.
+    # Input: (offset, nbytes) within the batch's input block, or (region_id, offset, nbytes).
+    # Output: bytes (inline data), (OUTPUT_ARENA, offset, nbytes), a slot of the output arena,
+    # or (CLIENT_REGION, region_id, nbytes).
     location: Union[bytes, tuple, list]
 
     def to_wire(self) -> list:
@@ -90,15 +100,18 @@ class RequestFrame:
     inputs: list  # of TensorRef
     requested_outputs: list  # of str
     row: int  # in the worker's request table
+    # Output name -> (region_id, offset, nbytes): outputs the client wants in its own memory.
+    output_regions: dict = field(default_factory=dict)
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
-                [t.to_wire() for t in self.inputs], self.requested_outputs, self.row]
+                [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
+                self.output_regions]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6])
+                            w[6], w[7])
 
 
 @dataclass(slots=True)
@@ -181,6 +194,50 @@ class Release:
 
 
 @dataclass(slots=True)
+class MapSystemRegion:
+    region_id: int
+    key: str  # the POSIX shared-memory object
+    offset: int  # of the region in the object
+    byte_size: int
+    identity: list  # [st_dev, st_ino] of the object the client registered
+
+    def to_wire(self) -> list:
+        return [MAP_SYSTEM_REGION, self.region_id, self.key, self.offset, self.byte_size,
+                self.identity]
+
+    @staticmethod
+    def from_wire(w: list) -> "MapSystemRegion":
+        return MapSystemRegion(*w[1:])
+
+
+@dataclass(slots=True)
+class MapCudaRegion:
+    region_id: int
+    raw_handle: bytes  # a cudaIpcMemHandle_t
+    device_id: int
+    byte_size: int
+
+    def to_wire(self) -> list:
+        return [MAP_CUDA_REGION, self.region_id, self.raw_handle, self.device_id, self.byte_size]
+
+    @staticmethod
+    def from_wire(w: list) -> "MapCudaRegion":
+        return MapCudaRegion(*w[1:])
+
+
+@dataclass(slots=True)
+class UnmapRegion:
+    region_id: int
+
+    def to_wire(self) -> list:
+        return [UNMAP_REGION, self.region_id]
+
+    @staticmethod
+    def from_wire(w: list) -> "UnmapRegion":
+        return UnmapRegion(w[1])
+
+
+@dataclass(slots=True)
 class Shutdown:
     def to_wire(self) -> list:
         return [SHUTDOWN]
@@ -201,7 +258,9 @@ class Bye:
 
 
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
-           SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse}
+           SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
+           MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
+           UNMAP_REGION: UnmapRegion}
 
 
 def from_wire(w: list) -> Any:

@@ -25,17 +25,21 @@ def _posix_name(name: str) -> str:
 
 
 class Segment:
-    """A shared-memory object mapped read-write; `create` makes one, `attach` opens one."""
+    """A shared-memory object mapped read-write; `create` makes one, `attach` opens one.
+    Offsets are relative to `start` bytes into the mapping."""
 
     __slots__ = ("_name", "_size", "_mmap", "_buffer", "_owner")
 
-    def __init__(self, name: str, mapping: mmap.mmap, owner: bool) -> None:
+    def __init__(self, name: str, mapping: mmap.mmap, owner: bool, start: int = 0) -> None:
         self._name = name
-        self._size = len(mapping)
+        self._size = len(mapping) - start
         self._mmap: mmap.mmap | None = mapping
         # Every view handed out is a slice of this one memoryview, so the mapping has a single
         # export to account for when it is closed.
-        self._buffer: memoryview | None = memoryview(mapping)
+        whole = memoryview(mapping)
+        self._buffer: memoryview | None = whole[start:] if start else whole
+        if start:
+            whole.release()  # its slice keeps the export
         self._owner = owner
 
     @classmethod

@@ -14,15 +14,6 @@ GRPC_STATUS = {"INVALID_ARG": "StatusCode.INVALID_ARGUMENT", "NOT_FOUND": "Statu
                "INTERNAL": "StatusCode.INTERNAL"}
 
 
-@pytest.fixture(scope="module")
-def clients(server):
-    made = {"http": httpclient.InferenceServerClient(server.http_url),
-            "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
-    yield made
-    for c in made.values():
-        c.close()
-
-
 def _mod(protocol):
     return httpclient if protocol == "http" else grpcclient
 

@@ -47,15 +47,6 @@ def _output(mod, name, binary=True):
     return mod.InferRequestedOutput(name)
 
 
-@pytest.fixture(scope="module")
-def clients(server):
-    made = {"http": httpclient.InferenceServerClient(server.http_url),
-            "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
-    yield made
-    for c in made.values():
-        c.close()
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_add_sub(clients, protocol):
     mod = CLIENTS[protocol]

@@ -210,9 +210,30 @@ def test_shared_memory_parameter_types():
     tensor.parameters["shared_memory_region"].string_param = "r"
     tensor.parameters["shared_memory_byte_size"].string_param = "4"
     assert "'shared_memory_byte_size'" in invalid(msg)
+    tensor.parameters["shared_memory_byte_size"].uint64_param = 4
+    assert invalid(msg) == ("invalid value type for 'shared_memory_byte_size' parameter for "
+                            "tensor 'x', expected int64_param.")
     tensor.parameters["shared_memory_byte_size"].int64_param = 4
     tensor.parameters["shared_memory_region"].int64_param = 1
     assert "'shared_memory_region'" in invalid(msg)
+
+
+def test_shared_memory_parameters_go_together():
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    tensor = msg.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    assert invalid(msg) == ("'shared_memory_byte_size' must be specified along with "
+                            "'shared_memory_region' parameter for tensor 'x'")
+    del tensor.parameters["shared_memory_region"]
+    tensor.parameters["shared_memory_offset"].int64_param = 0
+    msg.raw_input_contents.append(bytes(4))
+    assert invalid(msg) == ("'shared_memory_offset' can not be specified without "
+                            "'shared_memory_region' parameter for tensor 'x'")
+    del msg.inputs[:]
+    del msg.raw_input_contents[:]
+    msg.outputs.add(name="y").parameters["shared_memory_byte_size"].int64_param = 4
+    assert invalid(msg) == ("'shared_memory_byte_size' can not be specified without "
+                            "'shared_memory_region' parameter for tensor 'y'")
 
 
 def test_unknown_datatype_and_negative_shape():

@@ -1,0 +1,417 @@
+"""The system and CUDA shared-memory extensions, over HTTP and gRPC, with tritonclient's own
+shared-memory helpers: registration, status, inference through regions, Triton's errors, and
+proofs that tensors go from the client's memory to the model and back without a copy."""
+
+import base64
+import itertools
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import orjson
+import posix_ipc
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+
+from tests.conftest import start_server, stop_server
+from tests.e2e.test_infer import SAMPLES
+
+CLIENTS = {"http": httpclient, "grpc": grpcclient}
+_keys = itertools.count()
+
+
+class Regions:
+    """Client shared-memory objects made through tritonclient; all destroyed at the end."""
+
+    def __init__(self):
+        self.handles = []
+
+    def make(self, size: int):
+        key = f"/shmtest_{os.getpid()}_{next(_keys)}"
+        handle = shm.create_shared_memory_region(key.strip("/"), key, size)
+        self.handles.append(handle)
+        return key, handle
+
+    def destroy(self):
+        for handle in self.handles:
+            shm.destroy_shared_memory_region(handle)
+
+
+@pytest.fixture
+def regions(clients):
+    made = Regions()
+    yield made
+    clients["http"].unregister_system_shared_memory()
+    made.destroy()
+
+
+def _error(fn, *args, **kwargs) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+def _status(exc: InferenceServerException) -> str:
+    return exc.status().replace("StatusCode.", "")
+
+
+def _names(status, protocol):
+    if protocol == "http":
+        return [r["name"] for r in status]
+    return sorted(status.regions)
+
+
+def _mapped_by(pids, key: str) -> list:
+    """Which of `pids` map the shared-memory object `key` now."""
+    path = "/dev/shm/" + key.lstrip("/")
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if any(line.rstrip().endswith(path) for line in f):
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+# ---------------------------------------------------------------- registration
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_register_status_unregister(clients, regions, protocol):
+    c = clients[protocol]
+    key, _ = regions.make(8192)
+    c.register_system_shared_memory("zeta", key, 4096, offset=4096)
+    c.register_system_shared_memory("alpha", key, 64)
+    if protocol == "http":
+        assert c.get_system_shared_memory_status() == [
+            {"name": "alpha", "key": key, "offset": 0, "byte_size": 64},
+            {"name": "zeta", "key": key, "offset": 4096, "byte_size": 4096}]
+        assert c.get_system_shared_memory_status("zeta") == [
+            {"name": "zeta", "key": key, "offset": 4096, "byte_size": 4096}]
+    else:
+        status = c.get_system_shared_memory_status().regions
+        assert (status["zeta"].key, status["zeta"].offset, status["zeta"].byte_size) == (
+            key, 4096, 4096)
+        assert list(c.get_system_shared_memory_status("alpha").regions) == ["alpha"]
+    other = clients["grpc" if protocol == "http" else "http"]
+    assert _names(other.get_system_shared_memory_status(), other is clients["http"] and "http"
+                  or "grpc") == ["alpha", "zeta"]
+    c.unregister_system_shared_memory("alpha")
+    c.unregister_system_shared_memory("never-registered")  # not an error, as in Triton
+    assert _names(c.get_system_shared_memory_status(), protocol) == ["zeta"]
+    c.unregister_system_shared_memory()
+    assert _names(c.get_system_shared_memory_status(), protocol) == []
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_register_errors(clients, regions, protocol, server):
+    c = clients[protocol]
+    key, _ = regions.make(4096)
+    c.register_system_shared_memory("taken", key, 64)
+    exc = _error(c.register_system_shared_memory, "taken", key, 64)
+    assert (_status(exc), exc.message()) == (
+        "400" if protocol == "http" else "ALREADY_EXISTS",
+        "shared memory region 'taken' already in manager")
+    exc = _error(c.register_system_shared_memory, "nokey", "/shmtest_no_such_key", 64)
+    assert _status(exc) == ("500" if protocol == "http" else "INTERNAL")
+    assert exc.message().startswith("Unable to open shared memory region: '/shmtest_no_such_key'")
+    for size, offset in ((4097, 0), (64, 4090)):
+        exc = _error(c.register_system_shared_memory, "big", key, size, offset=offset)
+        assert _status(exc) == ("400" if protocol == "http" else "INVALID_ARGUMENT")
+        assert exc.message().startswith("failed to register shared memory region 'big': "
+                                        "invalid args")
+    # the server's own segments are not the client's to register
+    own = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"shmserve.{server.process.pid}."))
+    exc = _error(c.register_system_shared_memory, "own", "/" + own[0], 64)
+    assert "names a segment of the server itself" in exc.message()
+    assert _names(c.get_system_shared_memory_status(), protocol) == ["taken"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_status_of_unknown_regions(clients, protocol):
+    c = clients[protocol]
+    exc = _error(c.get_system_shared_memory_status, "nope")
+    assert (_status(exc), exc.message()) == (
+        "404" if protocol == "http" else "NOT_FOUND",
+        "Unable to find system shared memory region: 'nope'")
+    exc = _error(c.get_cuda_shared_memory_status, "nope")
+    assert exc.message() == "Unable to find cuda shared memory region: 'nope'"
+
+
+def test_http_register_bodies_are_checked(server):
+    base = f"http://{server.http_url}/v2/systemsharedmemory"
+    for path, body, message in (
+            ("/region/r/register", {"byte_size": 64},
+             "Shared memory register request has no 'key' field"),
+            ("/region/r/register", {"key": "/k"},
+             "Shared memory register request has no 'byte_size' field"),
+            ("/region/r/register", {"key": "/k", "byte_size": "64"}, "Unable to parse 'byte_size'"),
+            ("/register", {"key": "/k", "byte_size": 64},
+             "'region name' is necessary to register system shared memory region")):
+        request = urllib.request.Request(base + path, data=orjson.dumps(body), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == 400
+        assert orjson.loads(info.value.read()) == {"error": message}
+
+
+# ---------------------------------------------------------------- inference
+
+
+def _wire(datatype: str, array: np.ndarray) -> bytes:
+    if datatype == "BYTES":
+        return serialize_byte_tensor(array).item()
+    return array.tobytes()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_every_datatype_round_trips_through_regions(clients, regions, protocol):
+    """All inputs of echo_all in one region and all outputs in another, at offsets."""
+    mod = CLIENTS[protocol]
+    wires = {t: _wire(t, a) for t, a in SAMPLES.items()}
+    total = sum(len(w) + 8 for w in wires.values())
+    in_key, in_handle = regions.make(total)
+    out_key, out_handle = regions.make(total + 4096)
+    c = clients[protocol]
+    c.register_system_shared_memory("ins", in_key, total)
+    c.register_system_shared_memory("outs", out_key, total, offset=4096)
+    inputs, outputs, where = [], [], {}
+    offset = 0
+    for datatype, wire in wires.items():
+        shm.set_shared_memory_region(in_handle, [np.frombuffer(wire, np.uint8)], offset=offset)
+        tensor = mod.InferInput(f"IN_{datatype}", list(SAMPLES[datatype].shape), datatype)
+        tensor.set_shared_memory("ins", len(wire), offset=offset)
+        inputs.append(tensor)
+        requested = mod.InferRequestedOutput(f"OUT_{datatype}")
+        requested.set_shared_memory("outs", len(wire) + 8, offset=offset)
+        outputs.append(requested)
+        where[datatype] = offset
+        offset += len(wire) + 8
+    result = c.infer("echo_all", inputs, outputs=outputs)
+    for datatype, wire in wires.items():
+        meta = result.get_output(f"OUT_{datatype}")
+        shape = list(meta["shape"] if protocol == "http" else meta.shape)
+        assert shape == list(SAMPLES[datatype].shape)
+        start = 4096 + where[datatype]
+        assert bytes(out_handle._mpsm_handle.buf[start:start + len(wire)]) == wire, datatype
+        if protocol == "http":  # metadata only: no tensor bytes came back on the wire
+            assert set(meta) == {"name", "datatype", "shape"}
+    if protocol == "grpc":
+        assert all(raw == b"" for raw in result.get_response().raw_output_contents)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_model_works_in_the_client_memory(clients, regions, protocol):
+    """shm_inplace negates its input where it lies: the client sees its own region change,
+    which only happens if the model was handed the client's memory, not a copy."""
+    mod = CLIENTS[protocol]
+    data = np.arange(1, 9, dtype=np.float32)
+    in_key, in_handle = regions.make(data.nbytes)
+    out_key, out_handle = regions.make(data.nbytes)
+    shm.set_shared_memory_region(in_handle, [data])
+    c = clients[protocol]
+    c.register_system_shared_memory("in", in_key, data.nbytes)
+    c.register_system_shared_memory("out", out_key, data.nbytes)
+    tensor = mod.InferInput("INPUT0", [8], "FP32")
+    tensor.set_shared_memory("in", data.nbytes)
+    out = mod.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("out", data.nbytes)
+    result = c.infer("shm_inplace", [tensor], outputs=[out, mod.InferRequestedOutput("WRITABLE")])
+    assert result.as_numpy("WRITABLE")[0]
+    assert np.array_equal(shm.get_contents_as_numpy(in_handle, np.float32, [8]), -data)
+    assert np.array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [8]), -data)
+
+
+def test_outputs_in_a_region_send_no_bytes_over_http(server, clients, regions):
+    key, handle = regions.make(64)
+    clients["http"].register_system_shared_memory("out", key, 64)
+    data = np.arange(16, dtype=np.float32)
+    body = orjson.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
+                    "data": data.tolist()}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "out",
+                                                       "shared_memory_byte_size": 64}}],
+        "parameters": {"binary_data_output": True}})
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/identity_fp32/infer",
+                                     data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers.get("Inference-Header-Content-Length") is None
+        answer = orjson.loads(response.read())
+    assert answer["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 16]}]
+    assert np.array_equal(shm.get_contents_as_numpy(handle, np.float32, [16]), data)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_inference_errors(clients, regions, protocol):
+    mod = CLIENTS[protocol]
+    c = clients[protocol]
+    key, _ = regions.make(4096)
+    c.register_system_shared_memory("in", key, 4096)
+    c.register_system_shared_memory("small", key, 8)
+
+    def infer(region, byte_size, offset=0, out=None):
+        tensor = mod.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_shared_memory(region, byte_size, offset=offset)
+        outputs = None
+        if out is not None:
+            outputs = [mod.InferRequestedOutput("OUTPUT0")]
+            outputs[0].set_shared_memory(*out)
+        return _error(c.infer, "identity_fp32", [tensor], outputs=outputs)
+
+    bad, missing = ("400", "404") if protocol == "http" else ("INVALID_ARGUMENT", "NOT_FOUND")
+    cases = [
+        (infer("nope", 16), missing, "Unable to find shared memory region: 'nope'"),
+        (infer("in", 16, offset=4096), bad, "Invalid offset for shared memory region: 'in'"),
+        (infer("in", 16, offset=4090), bad,
+         "Invalid offset + byte size for shared memory region: 'in'"),
+        (infer("in", 12), bad, "[request id: <id_unknown>] input byte size mismatch for input "
+                               "'INPUT0' for model 'identity_fp32'. Expected 16, got 12"),
+        (infer("in", 16, out=("small", 8)), "500" if protocol == "http" else "INTERNAL",
+         "shared memory size specified with the request for output 'OUTPUT0' (8 bytes) should "
+         "be at least 16 bytes to hold the results"),
+    ]
+    for exc, status, message in cases:
+        assert (_status(exc), exc.message()) == (status, message)
+    # the server kept serving
+    tensor = mod.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_shared_memory("in", 16)
+    assert c.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0").shape == (1, 4)
+
+
+def test_a_region_whose_object_was_replaced_is_refused(clients, regions):
+    c = clients["grpc"]
+    key, handle = regions.make(64)
+    c.register_system_shared_memory("r", key, 64)
+    posix_ipc.unlink_shared_memory(key)
+    again = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=64)
+    again.close_fd()
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_shared_memory("r", 64)
+        exc = _error(c.infer, "identity_fp32", [tensor])
+        assert _status(exc) == "INVALID_ARGUMENT"
+        assert "removed (and maybe replaced) after the region was registered" in exc.message()
+    finally:
+        c.unregister_system_shared_memory("r")
+        posix_ipc.unlink_shared_memory(key)
+        handle._mpsm_handle = _Recreated(handle._mpsm_handle)
+
+
+class _Recreated:
+    """Stands in for a handle whose object the test already unlinked, so the fixture's
+    destroy only closes it."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.buf = inner.buf
+        self.name = inner.name
+
+    def close(self):
+        self.buf = None
+        self._inner.close()
+
+    def unlink(self):
+        pass
+
+
+# ---------------------------------------------------------------- lifetime of mappings
+
+
+def test_unregister_waits_for_requests_in_flight_and_unmaps(server, clients, regions):
+    """`slow` sleeps INPUT0[0] seconds; its region is unregistered meanwhile. The request
+    still succeeds, the name is free at once, and afterwards no process maps the object."""
+    c = clients["grpc"]
+    key, handle = regions.make(4)
+    shm.set_shared_memory_region(handle, [np.array([0.6], np.float32)])
+    c.register_system_shared_memory("slow_in", key, 4)
+    tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_shared_memory("slow_in", 4)
+    results = []
+    caller = threading.Thread(target=lambda: results.append(c.infer("slow", [tensor])))
+    caller.start()
+    deadline = time.monotonic() + 5
+    while not _mapped_by(server.workers(), key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _mapped_by(server.workers(), key), "no worker mapped the region"
+    c.unregister_system_shared_memory("slow_in")
+    assert list(c.get_system_shared_memory_status().regions) == []
+    caller.join(10)
+    assert results and results[0].as_numpy("OUTPUT0").tolist() == [pytest.approx(0.6)]
+    deadline = time.monotonic() + 5
+    while _mapped_by(server.workers(), key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _mapped_by(server.workers(), key) == []
+
+
+@pytest.fixture(scope="module")
+def small_repository(tmp_path_factory) -> str:
+    repo = tmp_path_factory.mktemp("shm_repo")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.symlink(os.path.join(root, "model_repository", "identity_fp32"), repo / "identity_fp32")
+    return str(repo)
+
+
+@pytest.fixture(scope="module")
+def closed_server(small_repository, tmp_path_factory):
+    srv = start_server(small_repository, str(tmp_path_factory.mktemp("noshm") / "log"),
+                       "--allow-client-shm=false")
+    yield srv
+    stop_server(srv)
+
+
+def test_client_shared_memory_can_be_turned_off(closed_server, regions):
+    key, _ = regions.make(64)
+    for mod, url, status in ((httpclient, closed_server.http_url, "501"),
+                             (grpcclient, closed_server.grpc_url, "UNIMPLEMENTED")):
+        c = mod.InferenceServerClient(url)
+        try:
+            exc = _error(c.register_system_shared_memory, "r", key, 64)
+            assert _status(exc) == status
+            exc = _error(c.register_cuda_shared_memory, "g", base64.b64encode(bytes(64)), 0, 64)
+            assert _status(exc) == status
+            assert _names(c.get_system_shared_memory_status(),
+                          "http" if mod is httpclient else "grpc") == []
+        finally:
+            c.close()
+
+
+def test_server_stop_leaves_no_mapping(small_repository, tmp_path_factory, regions):
+    srv = start_server(small_repository, str(tmp_path_factory.mktemp("stop") / "log"))
+    key, _ = regions.make(64)
+    c = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        c.register_system_shared_memory("r", key, 64)
+        tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_shared_memory("r", 64)
+        c.infer("identity_fp32", [tensor])
+        workers = srv.workers()
+        assert _mapped_by(workers, key)
+    finally:
+        c.close()
+        stop_server(srv)  # the client never unregistered
+    assert _mapped_by(workers | {srv.process.pid}, key) == []
+    assert os.path.exists("/dev/shm/" + key.lstrip("/")), "the server removed a client's object"
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_registration_checks(clients, protocol):
+    c = clients[protocol]
+    exc = _error(c.register_cuda_shared_memory, "g", base64.b64encode(bytes(64)), 99, 64)
+    assert _status(exc) == ("400" if protocol == "http" else "INVALID_ARGUMENT")
+    assert exc.message().startswith("failed to register shared memory region: invalid args")
+    if protocol == "http":
+        exc = _error(c.register_cuda_shared_memory, "g", base64.b64encode(bytes(10)), 0, 64)
+        assert exc.message() == "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
+    assert _names(c.get_cuda_shared_memory_status(), protocol) == []
+    c.unregister_cuda_shared_memory()
