@@ -12,7 +12,6 @@ target first) and writes everything under perf/results/.
 """
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -26,12 +25,10 @@ import tritonclient.http as httpclient
 
 import loadgen
 from pa_runner import measure
-from servers import REPO_ROOT, Server, ServerError, ShmServer, TritonServer, anchors_env, tree_cpu_seconds
+from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds
 
 MODEL = "identity_fp32"
 SHAPE = (1, 16)
-PERF_DIR = Path(__file__).resolve().parent
-SERVER_NAMES = ("triton", "shmserve")
 TOOLS = ("perf_analyzer", "loadgen")
 # The issue's target, per case: shmserve / Triton.
 TARGET_MIN_THROUGHPUT = 1.0
@@ -237,18 +234,8 @@ def report(records: list[dict], errors: list[str], cases, tools, args, elapsed_s
     return "\n".join(parts) + "".join(f"\n- error: {e}" for e in errors)
 
 
-def run_metadata(args, env: dict[str, str]) -> dict:
-    git = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    head = git.stdout.strip() if git.returncode == 0 else None
-    return dict(started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), git_head=head,
-                cpus=os.cpu_count(), model=MODEL, shape=list(SHAPE), anchors=str(args.anchors),
-                perf_analyzer=env["PERF_ANALYZER"], shmserve_command=ShmServer.command(), args=vars(args))
-
-
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=SERVER_NAMES, help="measure one server only")
     ap.add_argument("--reps", type=int, default=1, help="full passes; the tables show medians (default 1)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--protocols", nargs="+", choices=("grpc", "http"), default=["grpc", "http"])
@@ -258,29 +245,18 @@ def parse_args():
     ap.add_argument("--loadgen-warmup", type=float, default=2.0, help="seconds (default 2)")
     ap.add_argument("--loadgen-windows", type=int, default=3, help="measured windows (default 3)")
     ap.add_argument("--loadgen-window-s", type=float, default=2.0, help="seconds per window (default 2)")
-    ap.add_argument("--anchors", type=Path, default=Path(os.environ.get("ANCHORS", Path.home() / "shmserve-anchors")),
-                    help="the anchors' directory (Triton, perf_analyzer); default $ANCHORS or ~/shmserve-anchors")
-    ap.add_argument("--shmserve-ports", type=int, nargs=3, default=[18100, 18101, 18102],
-                    metavar=("HTTP", "GRPC", "METRICS"))
+    add_server_arguments(ap)
     return ap.parse_args()
 
 
 def main() -> int:
     args = parse_args()
     started = time.monotonic()
-    env = anchors_env(args.anchors)
-    out_dir = PERF_DIR / "results" / time.strftime("identity-%Y%m%d-%H%M%S")
-    (out_dir / "pa").mkdir(parents=True)
-    repo = PERF_DIR / "triton_repo"
-    servers = {
-        "triton": TritonServer(args.anchors, env, repo, out_dir / "triton.log"),
-        "shmserve": ShmServer(repo, tuple(args.shmserve_ports), out_dir / "shmserve.log"),
-    }
-    names = [args.only] if args.only else list(SERVER_NAMES)
+    env, out_dir, servers, names = new_run(args, "identity")
     cases = [(p, c) for p in args.protocols for c in args.concurrency]
     tools = TOOLS if args.loadgen else TOOLS[:1]
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
-    (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env), indent=1, default=str))
+    (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env, model=MODEL, shape=list(SHAPE)), indent=1, default=str))
 
     # SIGTERM must also reach the finally blocks that stop the servers and the loadgen workers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -295,10 +271,7 @@ def main() -> int:
     except KeyboardInterrupt:  # report what was measured so far
         errors.append("interrupted (Ctrl-C)")
     finally:
-        for server in servers.values():
-            server.stop()
-        with open(out_dir / "results.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+        end_run(servers, out_dir, records)
 
     errors += [f"{r['server']} {r['tool']} {r['protocol']} c={r['concurrency']} rep {r['rep']}: {r['error']}"
                for r in records if r["error"]]

@@ -13,7 +13,6 @@ target first) and writes everything under perf/results/.
 """
 import argparse
 import json
-import os
 import queue
 import signal
 import statistics
@@ -26,12 +25,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from pa_runner import measure
-from servers import REPO_ROOT, Server, ServerError, ShmServer, TritonServer, anchors_env, tree_cpu_seconds
+from servers import add_server_arguments, new_run, REPO_ROOT, Server, ServerError, ShmServer, tree_cpu_seconds
 
 MODEL = "repeat"
 RESPONSES = 100
-PERF_DIR = Path(__file__).resolve().parent
-SERVER_NAMES = ("triton", "shmserve")
 TARGET_MIN_RESPONSES = 1.5  # responses/s, shmserve / Triton
 TARGET_MAX_FIRST = 1.0  # time to first response at concurrency 1, shmserve / Triton
 LATENCY_REQUESTS = 300
@@ -227,31 +224,19 @@ def report(records: list, errors: list, concurrencies) -> str:
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=SERVER_NAMES, help="measure one server only")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--textgen", action=argparse.BooleanOptionalAction, default=True,
                     help="also measure textgen on shmserve (default on)")
-    ap.add_argument("--anchors", type=Path, default=Path(os.environ.get("ANCHORS", Path.home() / "shmserve-anchors")),
-                    help="the anchors' directory (Triton, perf_analyzer); default $ANCHORS or ~/shmserve-anchors")
-    ap.add_argument("--shmserve-ports", type=int, nargs=3, default=[18100, 18101, 18102],
-                    metavar=("HTTP", "GRPC", "METRICS"))
+    add_server_arguments(ap)
     return ap.parse_args()
 
 
 def main() -> int:
     args = parse_args()
-    env = anchors_env(args.anchors)
-    out_dir = PERF_DIR / "results" / time.strftime("streaming-%Y%m%d-%H%M%S")
-    (out_dir / "pa").mkdir(parents=True)
-    repo = PERF_DIR / "triton_repo"
+    env, out_dir, servers, names = new_run(args, "streaming")
     # Only IN: perf_analyzer would otherwise fill the optional DELAY input with random delays.
     data_file = out_dir / "input.json"
     data_file.write_text(json.dumps({"data": [{"IN": {"content": list(range(RESPONSES)), "shape": [RESPONSES]}}]}))
-    servers = {
-        "triton": TritonServer(args.anchors, env, repo, out_dir / "triton.log"),
-        "shmserve": ShmServer(repo, tuple(args.shmserve_ports), out_dir / "shmserve.log"),
-    }
-    names = [args.only] if args.only else list(SERVER_NAMES)
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     records, errors = [], []

@@ -1,5 +1,7 @@
 """The two servers a benchmark compares: the real Triton (started through the anchors' scripts)
 and shmserve. Each binds 127.0.0.1 only and is stopped by its PID."""
+import argparse
+import json
 import os
 import signal
 import socket
@@ -9,8 +11,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PERF_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PERF_DIR.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+SERVER_NAMES = ("triton", "shmserve")
 
 
 class ServerError(RuntimeError):
@@ -193,3 +197,45 @@ class ShmServer(Server):
                 pass
         self.proc, self.pid = None, None
         return leftovers
+
+
+def add_server_arguments(ap: argparse.ArgumentParser) -> None:
+    """--only, --anchors and --shmserve-ports, which every benchmark takes."""
+    ap.add_argument("--only", choices=SERVER_NAMES, help="measure one server only")
+    ap.add_argument("--anchors", type=Path, default=Path(os.environ.get("ANCHORS", Path.home() / "shmserve-anchors")),
+                    help="the anchors' directory (Triton, perf_analyzer); default $ANCHORS or ~/shmserve-anchors")
+    ap.add_argument("--shmserve-ports", type=int, nargs=3, default=[18100, 18101, 18102],
+                    metavar=("HTTP", "GRPC", "METRICS"))
+
+
+def new_run(args, kind: str) -> tuple[dict[str, str], Path, dict[str, Server], list[str]]:
+    """(anchors environment, a fresh perf/results/<kind>-<time>/ with pa/ in it, both servers
+    on perf/triton_repo logging there, the names of the servers to measure)."""
+    env = anchors_env(args.anchors)
+    out_dir = PERF_DIR / "results" / time.strftime(f"{kind}-%Y%m%d-%H%M%S")
+    (out_dir / "pa").mkdir(parents=True)
+    repo = PERF_DIR / "triton_repo"
+    servers = {
+        "triton": TritonServer(args.anchors, env, repo, out_dir / "triton.log"),
+        "shmserve": ShmServer(repo, tuple(args.shmserve_ports), out_dir / "shmserve.log"),
+    }
+    return env, out_dir, servers, [args.only] if args.only else list(SERVER_NAMES)
+
+
+def end_run(servers: dict[str, Server], out_dir: Path, records: list[dict]) -> None:
+    """Stop both servers (by PID) and write what was measured to results.jsonl."""
+    for server in servers.values():
+        server.stop()
+    with open(out_dir / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def run_metadata(args, env: dict[str, str], **extra) -> dict:
+    """What meta.json records of a run: when, which commit, which tools, which arguments."""
+    git = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    head = git.stdout.strip() if git.returncode == 0 else None
+    return dict(started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), git_head=head,
+                cpus=os.cpu_count(), **extra, anchors=str(args.anchors),
+                perf_analyzer=env["PERF_ANALYZER"], shmserve_command=ShmServer.command(),
+                args=vars(args))
