@@ -9,6 +9,7 @@ import asyncio
 import logging
 import sys
 
+from shmserve.malloc import keep_large_blocks
 from shmserve.server import Options, Server
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
@@ -126,6 +127,7 @@ def _configure_logging(args) -> None:
 def main(argv=None) -> int:
     options, args = parse_options(sys.argv[1:] if argv is None else argv)
     _configure_logging(args)
+    keep_large_blocks()
     for flag in NO_EFFECT_FLAGS:
         if getattr(args, flag.replace("-", "_")) is not None:
             logging.getLogger("shmserve").info("--%s has no effect in shmserve", flag)
