@@ -4,6 +4,7 @@ Importing this module never imports cupy: each function imports it on first use,
 workers and machines without cupy or a GPU run unchanged.
 """
 
+import ctypes
 import functools
 import sys
 
@@ -75,15 +76,28 @@ def close_ipc_handle(pointer: int, device: int) -> None:
         cupy.cuda.runtime.ipcCloseMemHandle(pointer)
 
 
-def allocation_size(pointer: int, device: int):
-    """Bytes of the allocation that `pointer` starts, or None when the driver cannot say."""
-    cupy = _cupy()
+@functools.cache
+def _libcuda():
     try:
-        with cupy.cuda.Device(device):
-            _, size = cupy.cuda.driver.memGetAddressRange(pointer)
-    except AttributeError:  # older cupy without the driver call
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
         return None
-    return size
+
+
+def allocation_size(pointer: int, device: int):
+    """Bytes from `pointer` to the end of its allocation, or None when the driver cannot say
+    (cupy wraps no call for it, so the driver is asked directly)."""
+    lib = _libcuda()
+    if lib is None:
+        return None
+    base = ctypes.c_uint64()
+    size = ctypes.c_size_t()
+    with _cupy().cuda.Device(device):
+        status = lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                             ctypes.c_uint64(pointer))
+    if status != 0:
+        return None
+    return size.value - (pointer - base.value)
 
 
 def device_bytes(pointer: int, nbytes: int, device: int):
