@@ -5,6 +5,7 @@ request, with its message texts; everything that needs the model config is the d
 """
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from shmserve import proto
 from shmserve.errors import internal, invalid_arg
@@ -85,7 +86,71 @@ def parameters_to_proto(params: dict, target) -> None:
             )
 
 
-def decode_model_infer_request(msg) -> InferRequest:
+# raw_input_contents is field 7 of ModelInferRequest, length-delimited.
+_RAW_INPUT_FIELD = 7
+# Below this a request is parsed by protobuf whole: splitting it in Python costs more than the
+# copies it saves.
+_SPLIT_FROM_BYTES = 64 * 1024
+
+
+def parse_model_infer_request(wire: bytes):
+    """(the ModelInferRequest, its raw_input_contents as views of `wire` or None). Protobuf
+    would copy each raw input out of the message; for large inputs the views spare that."""
+    if len(wire) < _SPLIT_FROM_BYTES:
+        return _parse_request(wire), None
+    view = memoryview(wire)
+    rest = []
+    raw = []
+    pos = 0
+    end = len(wire)
+    try:
+        while pos < end:
+            start = pos
+            key, pos = _read_varint(wire, pos)
+            wire_type = key & 7
+            if wire_type == 2:
+                length, pos = _read_varint(wire, pos)
+                pos += length
+            elif wire_type == 0:
+                _, pos = _read_varint(wire, pos)
+            elif wire_type in (1, 5):
+                pos += 8 if wire_type == 1 else 4
+            else:
+                raise ValueError(f"unexpected wire type {wire_type}")
+            if pos > end:
+                raise ValueError("truncated message")
+            if key == _RAW_INPUT_FIELD << 3 | 2:
+                raw.append(view[pos - length:pos])
+            else:
+                rest.append(view[start:pos])
+    except (ValueError, IndexError) as exc:
+        raise invalid_arg(f"failed to parse the ModelInferRequest: {exc}") from None
+    return _parse_request(b"".join(rest)), raw
+
+
+def _parse_request(wire: bytes):
+    try:
+        return proto.ModelInferRequest.FromString(wire)
+    except DecodeError as exc:
+        raise invalid_arg(f"failed to parse the ModelInferRequest: {exc}") from None
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def decode_model_infer_request(msg, raw=None) -> InferRequest:
+    """`raw`: the request's raw_input_contents when parse_model_infer_request split them off."""
     params = parameters_from_proto(msg.parameters)
     for key in params:
         if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMS:
@@ -96,7 +161,8 @@ def decode_model_infer_request(msg) -> InferRequest:
             )
 
     model = msg.model_name
-    raw = msg.raw_input_contents
+    if raw is None:
+        raw = msg.raw_input_contents
     raw_count = len(raw)
     raw_used = 0
     inputs = []
@@ -159,6 +225,33 @@ def encode_model_infer_response(resp: InferResponse, msg=None):
     """-> proto.ModelInferResponse (filled into `msg` if given) with one raw_output_contents
     entry per output, in output order, always: tritonclient finds an output's bytes by its
     position."""
+    msg = _response_head(resp, msg)
+    # protobuf bytes fields take bytes only; a memoryview is copied once here.
+    msg.raw_output_contents.extend(
+        [out.data if type(out.data) is bytes else bytes(out.data) for out in resp.outputs]
+    )
+    return msg
+
+
+# raw_output_contents is field 6 of ModelInferResponse, length-delimited (wire type 2).
+_RAW_OUTPUT_TAG = bytes([6 << 3 | 2])
+
+
+def serialize_model_infer_response(resp: InferResponse) -> bytes:
+    """The wire bytes of encode_model_infer_response(resp), with each output's bytes copied
+    once, straight from where they are: protobuf would copy a large output three times (into
+    bytes, into the message, into the serialized buffer), page-faulting fresh memory each time.
+    Protobuf parsers take a repeated field's elements appended after the other fields."""
+    pieces = [_response_head(resp).SerializeToString()]
+    for out in resp.outputs:
+        data = out.data
+        pieces.append(_RAW_OUTPUT_TAG + _varint(data.nbytes if type(data) is memoryview
+                                                else len(data)))
+        pieces.append(data)
+    return b"".join(pieces)
+
+
+def _response_head(resp: InferResponse, msg=None):
     if msg is None:
         msg = proto.ModelInferResponse()
     msg.model_name = resp.model_name
@@ -170,11 +263,16 @@ def encode_model_infer_response(resp: InferResponse, msg=None):
         tensor = msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         if out.parameters:
             parameters_to_proto(out.parameters, tensor.parameters)
-    # protobuf bytes fields take bytes only; a memoryview is copied once here.
-    msg.raw_output_contents.extend(
-        [out.data if type(out.data) is bytes else bytes(out.data) for out in resp.outputs]
-    )
     return msg
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _in_shared_memory(params, tensor: str) -> bool:

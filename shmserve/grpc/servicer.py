@@ -114,15 +114,15 @@ class InferenceServicer:
         self.dp.shared_memory.unregister_cuda(request.name)
         return proto.CudaSharedMemoryUnregisterResponse()
 
-    async def ModelInfer(self, request):
-        infer_request = codec.decode_model_infer_request(request)
+    async def ModelInfer(self, wire):
+        infer_request = codec.decode_model_infer_request(*codec.parse_model_infer_request(wire))
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
         try:
-            return codec.encode_model_infer_response(response)
+            return codec.serialize_model_infer_response(response)
         finally:
             response.done()
 
@@ -299,6 +299,11 @@ class HealthServicer:
         return proto.HealthCheckResponse(status=SERVING if self.dp.server_live() else 2)
 
 
+def _serialize(response) -> bytes:
+    """A response message, or one a handler already serialized (ModelInfer)."""
+    return response if type(response) is bytes else response.SerializeToString()
+
+
 def _handlers(service_name: str, servicer) -> grpc.GenericRpcHandler:
     table = {}
     for name, req_cls, resp_cls, client_stream, server_stream in proto.methods(service_name):
@@ -310,9 +315,10 @@ def _handlers(service_name: str, servicer) -> grpc.GenericRpcHandler:
                 fn, request_deserializer=req_cls.FromString,
                 response_serializer=resp_cls.SerializeToString)
         elif not client_stream and not server_stream:
+            # ModelInfer parses its request itself (codec.parse_model_infer_request).
             table[name] = grpc.unary_unary_rpc_method_handler(
-                _unary(fn), request_deserializer=req_cls.FromString,
-                response_serializer=resp_cls.SerializeToString)
+                _unary(fn), request_deserializer=None if name == "ModelInfer" else req_cls.FromString,
+                response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service_name, table)
 
 

@@ -415,3 +415,28 @@ def test_cuda_registration_checks(clients, protocol):
         assert exc.message() == "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
     assert _names(c.get_cuda_shared_memory_status(), protocol) == []
     c.unregister_cuda_shared_memory()
+
+
+def test_a_decoupled_model_streams_into_a_region(server, clients, regions):
+    """Each of repeat's responses writes OUT into the client's region and carries only its
+    metadata; the last one written is what the region holds after the stream."""
+    key, handle = regions.make(4)
+    clients["grpc"].register_system_shared_memory("out", key, 4)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = []
+    try:
+        client.start_stream(callback=lambda result, error: results.append(error or result))
+        tensor = grpcclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([7, 8, 9], np.int32))
+        out = grpcclient.InferRequestedOutput("OUT")
+        out.set_shared_memory("out", 4)
+        client.async_stream_infer("repeat", [tensor], outputs=[out, grpcclient.InferRequestedOutput("IDX")])
+        client.stop_stream()
+    finally:
+        client.close()
+    assert [r.as_numpy("IDX").tolist() for r in results] == [[0], [1], [2]]
+    for r in results:
+        response = r.get_response()
+        assert [o.name for o in response.outputs] == ["OUT", "IDX"]
+        assert response.raw_output_contents[0] == b""
+    assert shm.get_contents_as_numpy(handle, np.int32, [1]).tolist() == [9]

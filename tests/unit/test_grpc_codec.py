@@ -13,6 +13,8 @@ from shmserve.errors import Code, ServerError
 from shmserve.grpc.codec import (
     decode_model_infer_request,
     encode_model_infer_response,
+    parse_model_infer_request,
+    serialize_model_infer_response,
     parameters_from_proto,
     parameters_to_proto,
 )
@@ -249,9 +251,17 @@ def test_unknown_datatype_and_negative_shape():
 
 
 def client_result(response):
-    """Over the wire: serialized by our classes, parsed by tritonclient's."""
-    wire = encode_model_infer_response(response).SerializeToString()
+    """Over the wire: serialized as ModelInfer sends it, parsed by tritonclient's classes."""
+    wire = serialize_model_infer_response(response)
+    assert wire == encode_model_infer_response(response).SerializeToString()
     return grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(wire))
+
+
+def test_large_outputs_serialize_as_protobuf_does():
+    big = OutputTensor("big", "UINT8", [300_000], memoryview(bytes(range(256)) * 1172)[:300_000])
+    response = InferResponse("m", "1", outputs=[big, output("b", "BYTES")])
+    assert serialize_model_infer_response(response) == \
+        encode_model_infer_response(response).SerializeToString()
 
 
 def output(name, datatype, as_memoryview=False):
@@ -314,3 +324,29 @@ def test_parameters_of_unsupported_value(value):
     with pytest.raises(ServerError) as info:
         parameters_to_proto({"p": value}, proto.ModelInferResponse().parameters)
     assert info.value.code is Code.INTERNAL and "'p'" in info.value.message
+
+
+def test_large_requests_keep_their_raw_inputs_in_place():
+    msg = service_pb2.ModelInferRequest(model_name="m", id="x")
+    msg.parameters["p"].int64_param = 3
+    for name, size in (("a", 100_000), ("b", 5), ("c", 0)):
+        msg.inputs.add(name=name, datatype="UINT8", shape=[size])
+        msg.raw_input_contents.append(bytes([size % 251]) * size)
+    wire = msg.SerializeToString()
+    parsed, raw = parse_model_infer_request(wire)
+    assert [type(r) for r in raw] == [memoryview] * 3
+    assert [bytes(r) for r in raw] == list(msg.raw_input_contents)
+    del msg.raw_input_contents[:]
+    assert parsed.SerializeToString() == msg.SerializeToString()
+    request = decode_model_infer_request(parsed, raw)
+    assert [t.data.nbytes for t in request.inputs] == [100_000, 5, 0]
+    small, none = parse_model_infer_request(service_pb2.ModelInferRequest(model_name="m")
+                                            .SerializeToString())
+    assert (small.model_name, none) == ("m", None)
+
+
+@pytest.mark.parametrize("wire", [b"\x0a\xff" + bytes(70_000), b"\x0a\xff\x01"])
+def test_a_malformed_request_is_invalid(wire):
+    with pytest.raises(ServerError) as info:
+        parse_model_infer_request(wire)
+    assert info.value.code is Code.INVALID_ARG
