@@ -18,7 +18,7 @@ from shmserve.inference import (InferRequest, InferResponse, InputTensor, Output
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
 from shmserve.scheduling.queue import QueueRejection
-from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
+from shmserve.shared_memory import RegionError, SharedMemoryManager
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
               "system_shared_memory", "cuda_shared_memory"]
@@ -150,12 +150,12 @@ class DataPlane:
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
         mv.stats.inflight += 1
-        regions = _hold_regions(work)
+        _hold_regions(work)
         try:
             response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
         finally:
             mv.stats.inflight -= 1
-            _release_regions(regions)
+            _release_regions(work)
         return _response(request, mv, response)
 
     async def stream(self, request: InferRequest):
@@ -171,7 +171,7 @@ class DataPlane:
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
         # Counted until its stream ends, so that a draining server waits for the whole stream.
         mv.stats.inflight += 1
-        regions = _hold_regions(work)
+        _hold_regions(work)
         try:
             if mv.decoupled:
                 async with contextlib.aclosing(self._stream_decoupled(
@@ -184,7 +184,7 @@ class DataPlane:
                 yield StreamedResponse(_response(request, mv, response), None, True)
         finally:
             mv.stats.inflight -= 1
-            _release_regions(regions)
+            _release_regions(work)
 
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
@@ -304,17 +304,14 @@ def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
         stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
 
 
-def _hold_regions(work: WorkRequest) -> list:
-    """The client regions the request uses, held until it ends (see shared_memory.Region)."""
-    regions = [t.data.region for t in work.inputs if type(t.data) is RegionSlice]
-    regions.extend(s.region for s in work.output_regions.values())
-    for region in regions:
+def _hold_regions(work: WorkRequest) -> None:
+    """The client regions a request uses are held until it ends (see shared_memory.Region)."""
+    for region in work.regions:
         region.users += 1
-    return regions
 
 
-def _release_regions(regions: list) -> None:
-    for region in regions:
+def _release_regions(work: WorkRequest) -> None:
+    for region in work.regions:
         region.release()
 
 
@@ -325,6 +322,7 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
     name = mv.name
     batching = sig.max_batch_size > 0
     inputs = []
+    regions = []  # the client regions the request uses
     seen = set()
     batch_size = 1
     for t in request.inputs:
@@ -373,6 +371,7 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
                 raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
             data = shared_memory.slice(t.parameters)
             _check_shm_byte_size(t, data.nbytes, name)
+            regions.append(data.region)
         else:
             data = t.data
             _check_byte_size(t, name)
@@ -396,7 +395,8 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
                 raise ServerError(Code.INVALID_ARG,
                                   f"unexpected inference output '{o.name}' for model '{name}'")
             if o.parameters and "shared_memory_region" in o.parameters:
-                output_regions[o.name] = shared_memory.slice(o.parameters)
+                output_regions[o.name] = piece = shared_memory.slice(o.parameters)
+                regions.append(piece.region)
             requested.append(o.name)
     else:
         requested = list(sig.outputs)
@@ -408,7 +408,7 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
     if params.get("sequence_end"):
         flags |= SEQUENCE_END
     work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
-                       requested, output_regions=output_regions)
+                       requested, output_regions=output_regions, regions=regions)
     return work, batch_size
 
 

@@ -65,6 +65,8 @@ class WorkRequest:
     stream: object = None
     # Output name -> RegionSlice, for outputs the client wants in its own shared memory.
     output_regions: dict = field(default_factory=dict)
+    # The client regions (shared_memory.Region) its inputs and outputs are in.
+    regions: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -209,10 +211,7 @@ class WorkerHandle:
     def _map_regions(self, batch: list) -> None:
         """Tell the worker of the client regions the batch uses that it has not mapped yet."""
         for req in batch:
-            slices = [t.data for t in req.inputs if type(t.data) is RegionSlice]
-            slices.extend(req.output_regions.values())
-            for piece in slices:
-                region = piece.region
+            for region in req.regions:
                 if region.region_id in self._mapped_regions:
                     continue
                 self._channel.send(_map_message(region))
