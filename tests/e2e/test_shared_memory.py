@@ -20,6 +20,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.conftest import start_server, stop_server
+from tests.e2e.test_dynamic_batching import pending_requests
 from tests.e2e.test_infer import SAMPLES
 
 CLIENTS = {"http": httpclient, "grpc": grpcclient}
@@ -440,3 +441,49 @@ def test_a_decoupled_model_streams_into_a_region(server, clients, regions):
         assert [o.name for o in response.outputs] == ["OUT", "IDX"]
         assert response.raw_output_contents[0] == b""
     assert shm.get_contents_as_numpy(handle, np.int32, [1]).tolist() == [9]
+
+
+def test_requests_queued_in_the_batcher_keep_an_unregistered_region(server, clients, regions,
+                                                                     tmp_path):
+    """batch_recorder runs one batch at a time: a first request holds it (until a gate file
+    exists) while three more, reading their inputs from a region, wait behind it: one already
+    sent to the instance (a worker takes the next batch while it runs one), two in the queue.
+    The region (which the holder reads too) is unregistered meanwhile; they still run on the
+    right data, and then nothing maps the region any more."""
+    c = clients["grpc"]
+    key, handle = regions.make(3 * 16)
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    shm.set_shared_memory_region(handle, [data])
+    c.register_system_shared_memory("queued", key, 3 * 16)
+    gate = str(tmp_path / "gate")
+    results = []  # (index, result)
+
+    def send(index):
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_shared_memory("queued", 16, offset=16 * index)
+        results.append((index, c.infer("batch_recorder", [tensor],
+                                       parameters={"hold_until": gate})))
+
+    holder = threading.Thread(target=send, args=(0,))
+    holder.start()
+    deadline = time.monotonic() + 10
+    # the worker maps the region just before the holder's batch reaches it
+    while not _mapped_by(server.workers(), key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    queued = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in queued:
+        t.start()
+    while pending_requests(server, "batch_recorder") < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pending_requests(server, "batch_recorder") == 2
+    c.unregister_system_shared_memory("queued")
+    open(gate, "w").close()
+    for t in [holder, *queued]:
+        t.join(20)
+    assert sorted(i for i, _ in results) == [0, 0, 1, 2]
+    for i, result in results:
+        assert result.as_numpy("OUTPUT0").tolist() == [data[i].tolist()]
+    deadline = time.monotonic() + 5
+    while _mapped_by(server.workers(), key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _mapped_by(server.workers(), key) == []
