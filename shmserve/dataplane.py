@@ -18,7 +18,7 @@ from shmserve.inference import (InferRequest, InferResponse, InputTensor, Output
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
 from shmserve.scheduling.queue import QueueRejection
-from shmserve.shared_memory import RegionError, SharedMemoryManager
+from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
               "system_shared_memory", "cuda_shared_memory"]
@@ -370,11 +370,10 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
             if "shared_memory_region" not in t.parameters:
                 raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
             data = shared_memory.slice(t.parameters)
-            _check_shm_byte_size(t, data.nbytes, name)
             regions.append(data.region)
         else:
             data = t.data
-            _check_byte_size(t, name)
+        _check_byte_size(t, data, name)
         model_shape = list(shape)
         if spec.reshape is not None:
             model_shape = ([shape[0]] if batching else []) + _reshape(spec.reshape, item_shape)
@@ -441,11 +440,13 @@ def _reshape(reshape: tuple, item_shape: list) -> list:
     return [total // known if known and d == -1 else d for d in reshape]
 
 
-def _check_byte_size(t, model: str) -> None:
-    data = t.data
-    nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+def _check_byte_size(t, data, model: str) -> None:
+    """`data`: the tensor's bytes, or the RegionSlice of a client region it fills exactly. The
+    elements of a BYTES tensor in a region are the worker's to check: only it reads them."""
     count = datatypes.element_count(t.shape)
     if t.datatype == "BYTES":
+        if type(data) is RegionSlice:
+            return
         try:
             datatypes.check_bytes(data, count)
         except ValueError as exc:
@@ -453,19 +454,8 @@ def _check_byte_size(t, model: str) -> None:
                               f"unexpected number of string elements for inference input "
                               f"'{t.name}' for model '{model}': {exc}") from None
         return
+    nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
     expected = count * datatypes.element_size(t.datatype)
-    if nbytes != expected:
-        raise ServerError(Code.INVALID_ARG,
-                          f"input byte size mismatch for input '{t.name}' for model '{model}'. "
-                          f"Expected {expected}, got {nbytes}")
-
-
-def _check_shm_byte_size(t, nbytes: int, model: str) -> None:
-    """A tensor in shared memory must fill its slice exactly; the worker checks the elements
-    of a BYTES tensor, which only it reads."""
-    if t.datatype == "BYTES":
-        return
-    expected = datatypes.element_count(t.shape) * datatypes.element_size(t.datatype)
     if nbytes != expected:
         raise ServerError(Code.INVALID_ARG,
                           f"input byte size mismatch for input '{t.name}' for model '{model}'. "
