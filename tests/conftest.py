@@ -107,6 +107,21 @@ def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0)
     raise RuntimeError(f"shmserve did not become ready:\n{server.log()}")
 
 
+def wait_for_models(server: RunningServer, models, timeout: float = 60.0) -> None:
+    """Until every one of `models` answers ready (their instances load in the background)."""
+    deadline = time.monotonic() + timeout
+    pending = list(models)
+    while pending:
+        try:
+            urllib.request.urlopen(f"http://{server.http_url}/v2/models/{pending[0]}/ready",
+                                   timeout=1)
+            pending.pop(0)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"models not ready: {pending}\n{server.log()}") from None
+            time.sleep(0.1)
+
+
 def stop_server(server: RunningServer, timeout: float = 30.0) -> None:
     """SIGTERM the server we started (by its PID) and check it took its workers along."""
     workers = server.workers()

@@ -20,6 +20,7 @@ def main(argv: list) -> int:
 
     from shmserve.ipc import messages
     from shmserve.ipc.channel import SyncChannel
+    from shmserve.ipc.shm import Segment
     from workers.runner import ModelRunner
 
     channel = SyncChannel(socket.socket(fileno=fd))
@@ -27,7 +28,10 @@ def main(argv: list) -> int:
     if not isinstance(init, messages.Init):
         return 2
     os.environ.setdefault("SHMSERVE_INSTANCE", init.instance_name)
+    state_arena = None
     try:
+        if init.state_arena:
+            state_arena = Segment.attach(init.state_arena)
         runner = ModelRunner(
             model_name=init.model_name,
             model_version=init.model_version,
@@ -37,6 +41,7 @@ def main(argv: list) -> int:
             instance_kind=init.instance_kind,
             device_id=init.device_id,
             model_repository=init.model_repository,
+            state_memory=None if state_arena is None else state_arena.buffer,
         )
         runner.initialize()
         from workers.loop import WorkerLoop
@@ -50,6 +55,9 @@ def main(argv: list) -> int:
     except Exception:
         logging.getLogger("shmserve.worker").exception("worker loop failed")
         return 1
+    finally:
+        if state_arena is not None:
+            state_arena.close()
     return 0
 
 

@@ -13,6 +13,11 @@ request is cancelled, whose responses are dropped here. Until its first response
 handed over, the window is one response: a model that streams as fast as it can would
 otherwise take the CPU that the first response needs to reach its client (time to first
 response matters most to a streaming client).
+
+A sequence model's batch may hold null requests (a slot without a request, `ready` false):
+they run like the others, but the front drops their answers, so they leave as empty
+`ResponseFrame`s (a decoupled model's as a lone final flag). A request the model asked to run
+again (an iterative sequence) is listed in `Result.rescheduled`, with an empty frame.
 """
 
 import functools
@@ -51,6 +56,7 @@ class WorkerLoop:
         self._output_lock = threading.Lock()
         self._output_buf = self._output_arena.buffer
         self._table = RequestTable(Segment.attach(init.request_table))
+        self._carried = {}  # row -> _RowResponder of a rescheduled request of a decoupled model
         self._regions = ClientRegions(gpu_inputs=init.instance_kind == "GPU"
                                       and _wants_gpu_inputs(init.model_config))
 
@@ -111,6 +117,13 @@ class WorkerLoop:
             send = self._send_stream_response
             if targets:
                 send = functools.partial(self._send_stream_response, targets=targets)
+            respond = None
+            if decoupled:
+                if not r.ready:
+                    respond = functools.partial(_final_only, send, r.row)
+                else:
+                    # A rescheduled request keeps its row, and the count of what it sent.
+                    respond = self._carried.pop(r.row, None) or _RowResponder(table, r.row, send)
             requests.append(RunnerRequest(
                 request_id=r.request_id,
                 correlation_id=r.correlation_id,
@@ -119,7 +132,9 @@ class WorkerLoop:
                 inputs=inputs,
                 requested_output_names=r.requested_outputs,
                 is_cancelled=functools.partial(table.cancelled, r.row),
-                respond=_RowResponder(table, r.row, send) if decoupled else None,
+                respond=respond,
+                sequence_slot=r.sequence_slot,
+                ready=r.ready,
             ))
         runnable = [req for i, req in enumerate(requests) if i not in unreadable]
         responses, timings = self._runner.execute(runnable)
@@ -131,16 +146,22 @@ class WorkerLoop:
                 answered = iter(responses)
                 responses = [unreadable[i] if i in unreadable else next(answered)
                              for i in range(len(requests))]
+        rescheduled = ([i for i, req in enumerate(requests) if req.rescheduled]
+                       if self._runner.iterative else [])
+        if decoupled:
+            for i in rescheduled:
+                self._carried[msg.requests[i].row] = requests[i].respond
         # The model may keep no reference to its inputs past execute (as in Triton), so the
         # views are dropped here and the front may reuse the input slot.
         del requests, runnable, block
         placing = time.perf_counter_ns()
-        frames = [self._frame(resp, r.output_regions)
+        # A null request's answer is dropped unread; a rescheduled request's is already empty.
+        frames = [self._frame(resp, r.output_regions) if r.ready else _unread_frame()
                   for resp, r in zip(responses, msg.requests)]
         # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
-                                           timings.compute_infer_ns, output_ns))
+                                           timings.compute_infer_ns, output_ns, rescheduled))
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location
@@ -234,6 +255,16 @@ class _RowResponder:
             else:
                 self._sent += 1
         self._send(self._row, response, final)
+
+
+def _unread_frame() -> messages.ResponseFrame:
+    return messages.ResponseFrame(None, [])
+
+
+def _final_only(send, row: int, response, final: bool) -> None:
+    """`respond` of a decoupled model's null request: its row frees on the final flag."""
+    if final:
+        send(row, None, True)
 
 
 def _wants_gpu_inputs(model_config: dict) -> bool:

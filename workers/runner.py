@@ -25,6 +25,7 @@ import numpy as np
 from shmserve.ipc import datatypes
 from workers import cuda
 from workers import triton_python_backend_utils as pb_utils
+from workers.sequence import SequenceConfigError, SequenceExtras
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,13 @@ class RunnerRequest:
     is_cancelled: Callable[[], bool] = _never_cancelled
     # A decoupled model's way out: respond(RunnerResponse or None, final), from any thread.
     respond: Callable[["RunnerResponse | None", bool], None] | None = None
+    # A sequence model's request: its sequence's batch slot, and False for a null request
+    # (a slot without a request in a batch), which the model sees with READY false.
+    sequence_slot: int = -1
+    ready: bool = True
+    # Set by execute: an iterative-sequence model asked to run the request again
+    # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE); it has no response, or no final one, yet.
+    rescheduled: bool = False
 
 
 @dataclass(slots=True)
@@ -114,21 +122,34 @@ class _SentResponse:
 
 
 class _StreamedResponses:
-    """Response-sender callback of a decoupled model: each response goes out as it is sent."""
+    """Response-sender callback of a decoupled model: each response goes out as it is sent.
+    A sequence model's responses update the state of the request's slot as they go."""
 
-    __slots__ = ("_respond", "_requested")
+    __slots__ = ("_request", "_requested", "_sequence", "final")
 
-    def __init__(self, respond, requested):
-        self._respond = respond
-        self._requested = requested
+    def __init__(self, request: RunnerRequest, sequence: SequenceExtras | None):
+        self._request = request
+        self._requested = set(request.requested_output_names)
+        self._sequence = sequence
+        self.final = False
 
     def __call__(self, response, flags):
         final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        self._respond(None if response is None else _runner_response(response, self._requested),
-                      final)
+        if response is not None:
+            response = _runner_response(response, self._requested, self._sequence,
+                                        self._request)
+        self._send(response, final)
 
     def end_with(self, response: RunnerResponse) -> None:
-        self._respond(response, True)
+        self._send(response, True)
+
+    def _send(self, response, final: bool) -> None:
+        if final:
+            self.final = True
+            if self._sequence is not None:
+                request = self._request
+                self._sequence.end(request.sequence_slot, request.flags, request.ready)
+        self._request.respond(response, final)
 
 
 class ModelRunner:
@@ -143,7 +164,10 @@ class ModelRunner:
         instance_kind: str,
         device_id: int,
         model_repository: str,
+        state_memory: memoryview | None = None,
     ):
+        """`state_memory`: where a sequence model's implicit state lives (shared memory the
+        front created for this instance), or None to keep it on the heap."""
         self._model_name = model_name
         self._model_version = model_version
         self._model_dir = model_dir
@@ -155,6 +179,13 @@ class ModelRunner:
         self._model = None
         self._loop = None
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        try:
+            self._sequence = SequenceExtras.from_config(model_config, model_dir, instance_kind,
+                                                        state_memory)
+        except SequenceConfigError as exc:
+            raise RunnerError(f"sequence batching of model '{model_name}': {exc}") from None
+        self.iterative = bool(model_config.get("sequence_batching", {})
+                               .get("iterative_sequence", False))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -235,18 +266,23 @@ class ModelRunner:
     def execute(self, requests: list[RunnerRequest]) -> tuple[list[RunnerResponse], Timings]:
         """Run one batch. A model that is not decoupled gets one response per request, in
         order; a decoupled model answers through each request's `respond`, and the list is
-        empty."""
+        empty. A request that an iterative-sequence model reschedules gets `rescheduled` set
+        and, from a model that is not decoupled, an empty response."""
         start = time.perf_counter_ns()
+        sequence = self._sequence
         results: list[RunnerResponse | None] = [None] * len(requests)
         batch = []  # (index in `requests`, pb_utils request, its sender callback)
         for index, request in enumerate(requests):
             try:
                 inputs = [_input_tensor(tensor) for tensor in request.inputs]
+                if sequence is not None:
+                    inputs = sequence.inputs(inputs, request.sequence_slot, request.flags,
+                                             request.correlation_id, request.ready)
             except ValueError as exc:
                 results[index] = _error_response("INVALID_ARG", str(exc))
                 continue
             if self.decoupled:
-                sent = _StreamedResponses(request.respond, set(request.requested_output_names))
+                sent = _StreamedResponses(request, sequence)
             else:
                 sent = _SentResponse()
             pb_request = pb_utils.InferenceRequest._incoming(
@@ -278,24 +314,40 @@ class ModelRunner:
         if self.decoupled:
             for index, request in enumerate(requests):
                 if results[index] is not None:  # its inputs were unreadable
-                    request.respond(results[index], True)
+                    _StreamedResponses(request, sequence).end_with(results[index])
             if failure is not None:
                 # Requests still open end with the error; the others were answered in full.
                 for _, pb_request, sent in batch:
                     if pb_request._sender._close():
                         sent.end_with(self._internal_error(failure))
+            elif self.iterative:
+                for index, pb_request, sent in batch:
+                    if self._reschedules(pb_request) and not sent.final:
+                        requests[index].rescheduled = True
             return [], Timings(inputs_done - start, infer_done - inputs_done, 0)
 
         if failure is not None:
             for pb_request in pb_requests:
                 pb_request._sender._close()
         for index, pb_request, sent in batch:
+            request = requests[index]
             if failure is not None:
                 results[index] = self._internal_error(failure)
+            elif sent.response is None and self.iterative and self._reschedules(pb_request):
+                request.rescheduled = True
+                results[index] = RunnerResponse([], None, {})
             else:
-                results[index] = self._collect(pb_request, sent)
+                results[index] = self._collect(request, pb_request, sent)
+        if sequence is not None:
+            for request in requests:
+                if not request.rescheduled:
+                    sequence.end(request.sequence_slot, request.flags, request.ready)
         done = time.perf_counter_ns()
         return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done)
+
+    @staticmethod
+    def _reschedules(pb_request) -> bool:
+        return bool(pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
     def _run_model(self, pb_requests):
         if not hasattr(self._model, "execute"):
@@ -332,9 +384,10 @@ class ModelRunner:
             # sender rejects it when the model already answered through the sender.
             pb_request._sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _collect(self, pb_request, sent: _SentResponse) -> RunnerResponse:
+    def _collect(self, request: RunnerRequest, pb_request, sent: _SentResponse
+                 ) -> RunnerResponse:
         if sent.response is None:
-            if pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            if self._reschedules(pb_request):
                 return self._internal_error(
                     "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
                     "supported by shmserve yet"
@@ -348,7 +401,8 @@ class ModelRunner:
                 f"the response for request '{pb_request.request_id()}' was sent without "
                 "TRITONSERVER_RESPONSE_COMPLETE_FINAL"
             )
-        return _runner_response(sent.response, pb_request._requested_output_names)
+        return _runner_response(sent.response, pb_request._requested_output_names,
+                                self._sequence, request)
 
     def _internal_error(self, message: str) -> RunnerResponse:
         return _error_response(
@@ -416,10 +470,16 @@ def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
     return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype)
 
 
-def _runner_response(response: pb_utils.InferenceResponse, requested: set) -> RunnerResponse:
+def _runner_response(response: pb_utils.InferenceResponse, requested: set,
+                     sequence: SequenceExtras | None, request: RunnerRequest) -> RunnerResponse:
     if response.has_error():
         error = response.error()
         return RunnerResponse([], (error.code().name, error.message()), response._parameters)
+    if sequence is not None:
+        # Before the outputs the client did not ask for go: a state output usually is one.
+        error = sequence.capture(request.sequence_slot, request.ready, response)
+        if error is not None:
+            return _error_response("INTERNAL", error)
     outputs = []
     for tensor in response.output_tensors():
         if tensor._name not in requested:

@@ -45,6 +45,14 @@ class InstancePool:
     def has_room(self) -> bool:
         return self._pick() is not None
 
+    def try_acquire_instance(self, inst) -> bool:
+        """Take room for one more batch on this very instance (the sequence batcher binds a
+        sequence to one); False when it is full or not alive."""
+        if not inst.alive or self._load[inst] >= self.depth:
+            return False
+        self._load[inst] += 1
+        return True
+
     def _pick(self):
         best = None
         best_load = self.depth

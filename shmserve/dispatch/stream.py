@@ -35,6 +35,11 @@ class ResponseStream:
         if self.cancelled:
             table.cancel(row)
 
+    @property
+    def row(self) -> int:
+        """Its row of the request table while it has one, else -1."""
+        return self._row if self._table is not None else -1
+
     def push(self, response, final: bool) -> None:
         if self.finished:
             _release(response)

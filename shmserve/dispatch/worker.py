@@ -67,6 +67,10 @@ class WorkRequest:
     output_regions: dict = field(default_factory=dict)
     # The client regions (shared_memory.Region) its inputs and outputs are in.
     regions: list = field(default_factory=list)
+    # Set by the sequence batcher: the batch slot of the request's sequence on the instance
+    # that runs it, and False for a null request (one that fills an idle slot).
+    sequence_slot: int = -1
+    ready: bool = True
 
 
 @dataclass(slots=True)
@@ -84,6 +88,8 @@ class WorkResponse:
     parameters: dict = field(default_factory=dict)
     # Hands the output-arena slots back once the outputs are copied out; None if none.
     release: Optional[Callable[[], None]] = None
+    # An iterative sequence's request that the model asked to run again: no answer yet.
+    rescheduled: bool = False
 
 
 @dataclass(slots=True)
@@ -117,6 +123,7 @@ class WorkerHandle:
         self._input_arena: Optional[InputArena] = None
         self._output_arena = None
         self._output_buf = None
+        self._state_arena = None
         # Bumped at every start, so that releases meant for a dead process's arena are
         # never sent to its successor, whose slots at those offsets belong to others.
         self._generation = 0
@@ -139,6 +146,8 @@ class WorkerHandle:
         self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
         self._output_buf = self._output_arena.buffer
         self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
+        if self._init_args["model_config"].get("sequence_batching", {}).get("state"):
+            self._state_arena = new_segment(f"{tag}.state", ARENA_BYTES)
         self._rows = RowAllocator()
         self._mapped_regions = set()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -165,7 +174,8 @@ class WorkerHandle:
         self._channel.send(messages.Init(
             **self._init_args, input_arena=self._input_arena.name,
             output_arena=self._output_arena.name, request_table=self._table.segment.name,
-            inline_threshold=INLINE_THRESHOLD))
+            inline_threshold=INLINE_THRESHOLD,
+            state_arena=self._state_arena.name if self._state_arena is not None else ""))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -231,11 +241,18 @@ class WorkerHandle:
 
     def _take_rows(self, batch: list) -> list:
         rows = []
-        for _ in batch:
+        for req in batch:
+            stream = req.stream
+            if stream is not None and self._streams.get(stream.row) is stream:
+                # A rescheduled request of an iterative sequence keeps its row, and with it
+                # the count of responses its reader consumed.
+                rows.append(stream.row)
+                continue
             row = self._rows.take()
             if row is None:
-                for taken in rows:
-                    self._rows.give_back(taken)
+                for req, taken in zip(batch, rows):
+                    if req.stream is None or self._streams.get(taken) is not req.stream:
+                        self._rows.give_back(taken)
                 raise ServerError(Code.UNAVAILABLE, f"model instance '{self.instance_name}' holds "
                                                     f"too many requests")
             self._table.reset(row)
@@ -286,6 +303,10 @@ class WorkerHandle:
             self._output_arena.close()
             self._output_arena.unlink()
             self._output_arena = None
+        if self._state_arena is not None:
+            self._state_arena.close()
+            self._state_arena.unlink()
+            self._state_arena = None
         if self._table is not None:
             segment = self._table.segment
             self._table.close()
@@ -327,6 +348,8 @@ class WorkerHandle:
                 responses = [self._response(frame) for frame in msg.responses]
             else:  # a decoupled model's batch: its responses went to the streams
                 responses = [WorkResponse(None) for _ in range(count)]
+            for index in msg.rescheduled:
+                responses[index].rescheduled = True
             if future.done():  # the caller gave up: nobody will copy these outputs out
                 for r in responses:
                     if r.release is not None:
@@ -423,7 +446,7 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
                           for name, s in req.output_regions.items()}
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
-                                            output_regions))
+                                            output_regions, req.sequence_slot, req.ready))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

@@ -68,11 +68,14 @@ class Init:
     output_arena: str
     request_table: str
     inline_threshold: int
+    # Holds the implicit state of the instance's sequence slots; "" for a model without state.
+    state_arena: str = ""
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
-                self.input_arena, self.output_arena, self.request_table, self.inline_threshold]
+                self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
+                self.state_arena]
 
     @staticmethod
     def from_wire(w: list) -> "Init":
@@ -102,16 +105,21 @@ class RequestFrame:
     row: int  # in the worker's request table
     # Output name -> (region_id, offset, nbytes): outputs the client wants in its own memory.
     output_regions: dict = field(default_factory=dict)
+    # A sequence model's request: the batch slot of its sequence on this instance (-1 for a
+    # model without sequence batching), and whether the slot holds a request at all (a
+    # direct-strategy batch fills idle slots below its highest with null requests).
+    sequence_slot: int = -1
+    ready: bool = True
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
-                self.output_regions]
+                self.output_regions, self.sequence_slot, self.ready]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7])
+                            w[6], w[7], w[8], w[9])
 
 
 @dataclass(slots=True)
@@ -151,14 +159,18 @@ class Result:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # Indices (in the batch) of the requests an iterative-sequence model asked to run again
+    # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE): they have no response yet, or no final one.
+    rescheduled: list = field(default_factory=list)
 
     def to_wire(self) -> list:
         return [RESULT, self.batch_id, [r.to_wire() for r in self.responses],
-                self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns]
+                self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns,
+                self.rescheduled]
 
     @staticmethod
     def from_wire(w: list) -> "Result":
-        return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5])
+        return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5], w[6])
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import scan_repository, select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
+from shmserve.scheduling.sequence import SequenceBatcher
 from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
 
@@ -142,6 +143,8 @@ def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: 
     if config.HasField("dynamic_batching"):
         strategy = BatchStrategy.find(model_dir, version, config, config_json)
         return DynamicBatcher.from_config(pool, stats, config, strategy)
+    if config.HasField("sequence_batching"):
+        return SequenceBatcher.from_config(pool, stats, config)
     return DefaultScheduler(pool, stats)
 
 

@@ -16,8 +16,9 @@ import functools
 import logging
 
 from shmserve.errors import Code, ServerError
-from shmserve.scheduling.queue import GONE, QUEUED, TAKEN, Pending, QueueRejection, RequestQueue
-from shmserve.scheduling.timer import LoopTimer
+from shmserve.scheduling.queue import (GONE, QUEUED, TAKEN, Pending, QueueRejection, RequestQueue,
+                                      resolve)
+from shmserve.scheduling.timer import Alarm, LoopTimer
 
 log = logging.getLogger("shmserve.scheduling")
 
@@ -44,8 +45,7 @@ class DynamicBatcher:
         # preserve_ordering: every request in arrival order, until its answer can leave.
         self._line = [] if preserve_ordering else None
         self._line_head = 0
-        self._wake = None  # timer handle of the pending batch's queue delay
-        self._wake_at = 0
+        self._wake = Alarm(self._timer, self._schedule)  # the pending batch's queue delay
         self._scheduling = False
         self._schedule_soon = False
         self._running: set = set()  # batch tasks, referenced until they end
@@ -120,7 +120,7 @@ class DynamicBatcher:
                     return
                 count, wait_until = self._next_batch(self._timer.now_ns())
                 if count == 0:
-                    self._sleep_until(wait_until)
+                    self._wake.set(wait_until)
                     return
                 self._dispatch(pool.try_acquire(), self._queue.take(count))
         finally:
@@ -175,18 +175,6 @@ class DynamicBatcher:
         if now >= due:
             return count, 0
         return 0, due
-
-    def _sleep_until(self, when: int) -> None:
-        if self._wake is not None:
-            if self._wake_at == when:
-                return
-            self._wake.cancel()
-        self._wake_at = when
-        self._wake = self._timer.call_at(when, self._on_wake)
-
-    def _on_wake(self) -> None:
-        self._wake = None
-        self._schedule()
 
     # -- running batches ------------------------------------------------------------------
 
@@ -275,9 +263,7 @@ class DynamicBatcher:
 
     def close(self) -> None:
         """Fail what is still queued (the model is going away)."""
-        if self._wake is not None:
-            self._wake.cancel()
-            self._wake = None
+        self._wake.cancel()
         if self._strategy is not None:
             self._strategy.close()
         error = ServerError(Code.UNAVAILABLE, "model is being unloaded")
@@ -286,14 +272,5 @@ class DynamicBatcher:
 
 
 def _resolve(future: asyncio.Future, outcome) -> None:
-    if future.done():
-        # The caller is gone; outputs that were made for it are handed back.
-        if isinstance(outcome, tuple) and outcome[0].release is not None:
-            outcome[0].release()
-        return
-    if outcome is _ABANDONED:
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
+    if outcome is not _ABANDONED:
+        resolve(future, outcome)

@@ -5,6 +5,7 @@ whose queue timeout expired under the DELAY action moves behind the level's othe
 (but still ahead of lower levels), as Triton's policy queues do.
 """
 
+import asyncio
 import collections
 from dataclasses import dataclass
 from typing import Optional
@@ -136,3 +137,16 @@ class RequestQueue:
                 break
         self._size -= len(taken)
         return taken
+
+
+def resolve(future: asyncio.Future, outcome) -> None:
+    """Hand a scheduled request its outcome: (WorkResponse, ...) or an exception. A caller that
+    is gone gets nothing, and the outputs made for it are handed back."""
+    if future.done():
+        if isinstance(outcome, tuple) and outcome[0].release is not None:
+            outcome[0].release()
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from shmserve.inference import InferRequest, InputTensor
 from shmserve.server import Options, Server
+from tests.conftest import wait_for_models
 from workers.loop import FIRST_WINDOW, RESPONSE_WINDOW
 
 MODELS = ("repeat", "square", "stream_probe", "slow", "identity_fp32")
@@ -32,17 +33,7 @@ WAIT_S = 10.0  # the most any single response or state change may take
 
 @pytest.fixture(scope="module", autouse=True)
 def models_ready(server):
-    deadline = time.monotonic() + 60
-    pending = list(MODELS)
-    while pending:
-        try:
-            urllib.request.urlopen(f"http://{server.http_url}/v2/models/{pending[0]}/ready",
-                                   timeout=1)
-            pending.pop(0)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"models not ready: {pending}\n{server.log()}") from None
-            time.sleep(0.1)
+    wait_for_models(server, MODELS)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+../../iterative_steps/1/model.py
