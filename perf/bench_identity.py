@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 
 import loadgen
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds
+from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio
 
 MODEL = "identity_fp32"
 SHAPE = (1, 16)
@@ -135,20 +135,12 @@ def summarize(records: list[dict], servers, cases, tools) -> dict:
     return summary
 
 
-def ratio(s, t):
-    return None if s is None or t is None or t == 0 else s / t
-
-
 def verdict(throughput_ratio, p99_ratio) -> str:
     if throughput_ratio is None or p99_ratio is None:
         return "–"
     missed = ([f"infer/s < {TARGET_MIN_THROUGHPUT}x"] if throughput_ratio < TARGET_MIN_THROUGHPUT else []) + \
              ([f"p99 > {TARGET_MAX_P99}x"] if p99_ratio > TARGET_MAX_P99 else [])
     return "FAIL: " + ", ".join(missed) if missed else "pass"
-
-
-def fmt(v, spec: str) -> str:
-    return "–" if v is None else format(v, spec)
 
 
 def pair(t: dict, s: dict, key: str, spec: str) -> str:

@@ -29,7 +29,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds
+from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio
 
 MODEL = "identity_fp32"
 FP32_BYTES = 4
@@ -179,14 +179,6 @@ def run_one(server: Server, cases, pa, out_dir: Path, records: list[dict]) -> li
     if leftovers:
         errors.append(f"{server.name}: processes {leftovers} outlived the server (killed)")
     return errors
-
-
-def ratio(s, t):
-    return None if s is None or t is None or t == 0 else s / t
-
-
-def fmt(v, spec: str) -> str:
-    return "–" if v is None else format(v, spec)
 
 
 def markdown_row(cells) -> str:

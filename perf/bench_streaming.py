@@ -25,7 +25,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from pa_runner import measure
-from servers import add_server_arguments, new_run, REPO_ROOT, Server, ServerError, ShmServer, tree_cpu_seconds
+from servers import add_server_arguments, new_run, REPO_ROOT, Server, ServerError, ShmServer, tree_cpu_seconds, fmt, ratio
 
 MODEL = "repeat"
 RESPONSES = 100
@@ -175,14 +175,6 @@ def run_textgen(args, out_dir: Path, records: list) -> list[str]:
     if leftovers:
         errors.append(f"textgen: processes {leftovers} outlived the server (killed)")
     return errors
-
-
-def fmt(v, spec: str) -> str:
-    return "–" if v is None else format(v, spec)
-
-
-def ratio(s, t):
-    return s / t if s is not None and t else None
 
 
 def report(records: list, errors: list, concurrencies) -> str:

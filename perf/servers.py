@@ -239,3 +239,13 @@ def run_metadata(args, env: dict[str, str], **extra) -> dict:
                 cpus=os.cpu_count(), **extra, anchors=str(args.anchors),
                 perf_analyzer=env["PERF_ANALYZER"], shmserve_command=ShmServer.command(),
                 args=vars(args))
+
+
+def fmt(v, spec: str) -> str:
+    """A table cell: `v` formatted, or a dash when it was not measured."""
+    return "–" if v is None else format(v, spec)
+
+
+def ratio(s, t):
+    """shmserve's figure over Triton's, or None when either is missing."""
+    return None if s is None or not t else s / t

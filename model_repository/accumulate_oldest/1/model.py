@@ -1,0 +1,1 @@
+../../accumulate/1/model.py
