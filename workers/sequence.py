@@ -96,7 +96,8 @@ class SequenceExtras:
         for control_input in batching.get("control_input", ()):
             name = control_input["name"]
             for control in control_input.get("control", ()):
-                kind = control["kind"]
+                # Triton's JSON leaves out an enum at its default, CONTROL_SEQUENCE_START.
+                kind = control.get("kind", "CONTROL_SEQUENCE_START")
                 if kind == _CORRID_KIND:
                     self._corrid = (name, *_corrid_type(control.get("data_type")))
                 elif kind in _FLAG_KINDS or kind == _READY_KIND:
@@ -199,7 +200,7 @@ class SequenceExtras:
                                                                    dtype), datatype)
                              for value in pair)
         raise SequenceConfigError(
-            f"control '{name}' ({control['kind']}) gives none of "
+            f"control '{name}' ({control.get('kind', 'CONTROL_SEQUENCE_START')}) gives none of "
             f"{', '.join(_BOOLEAN_FORMS)}")
 
     def _corrid_tensor(self, correlation_id) -> pb_utils.Tensor:

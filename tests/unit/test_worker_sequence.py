@@ -86,6 +86,14 @@ def test_controls_follow_the_flags(flags, start, end):
                    "READY": (TYPE_BOOL, [[True]]), "CORRID": (TYPE_UINT64, [[77]])}
 
 
+def test_a_control_without_kind_is_start_as_in_tritons_json():
+    # Triton's JSON leaves an enum out at its default value, CONTROL_SEQUENCE_START.
+    start = {"name": "S", "control": [{"int32_false_true": [0, 1]}]}
+    extras = extras_of(config_with(control_input=[start]))
+    assert values(extras.inputs([], 0, START, 1, True)) == {"S": (TYPE_INT32, [[1]])}
+    assert values(extras.inputs([], 0, 0, 1, True)) == {"S": (TYPE_INT32, [[0]])}
+
+
 def test_controls_of_a_model_without_batching_have_shape_1():
     config = config_with(control_input=CONTROLS)
     config["max_batch_size"] = 0
