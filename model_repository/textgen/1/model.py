@@ -199,7 +199,11 @@ def _send(job: _Job, response, flags: int) -> bool:
         return False
 
 
-def _fail(job: _Job, message: str, code=pb_utils.TritonError.INTERNAL) -> None:
+def _fail(job: _Job, message: str, code=None) -> None:
+    # INTERNAL unless told; looked up here: Triton's stub adds TritonError to pb_utils only
+    # after the model is imported (at auto-complete it is missing).
+    if code is None:
+        code = pb_utils.TritonError.INTERNAL
     _send(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
 
 

@@ -1,0 +1,1 @@
+../../textgen/1/transformer.py

@@ -1,0 +1,1 @@
+../../../../model_repository/textgen_iterative/1/model.py
