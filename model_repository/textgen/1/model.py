@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from . import inputs
 from .transformer import DecodeBatch, SamplingParams, Sequence, Transformer
 
 # Sequences decoding together at most; more requests wait for a free slot.
@@ -90,18 +91,18 @@ class TritonPythonModel:
                 return convert(name, parameters[name])
             return default
 
-        prompt = value("text_input", _text, None)
+        prompt = value("text_input", inputs.text, None)
         if prompt is None:
             raise ValueError("input 'text_input' is required")
         params = SamplingParams(
-            max_tokens=value("max_tokens", _integer, 64),
-            temperature=value("temperature", _number, 1.0),
-            top_p=value("top_p", _number, 1.0),
-            stop=_stop_sequences(request, parameters),
-            seed=value("seed", _integer, None),
+            max_tokens=value("max_tokens", inputs.integer, 64),
+            temperature=value("temperature", inputs.number, 1.0),
+            top_p=value("top_p", inputs.number, 1.0),
+            stop=inputs.stop_sequences(request, parameters),
+            seed=value("seed", inputs.integer, None),
         )
         seq = Sequence(self._model.vocab.encode(prompt), params, self._model.context)
-        return _Job(request, sender, seq, value("stream", _flag, False))
+        return _Job(request, sender, seq, value("stream", inputs.flag, False))
 
 
 class _Generator:
@@ -205,48 +206,3 @@ def _fail(job: _Job, message: str, code=None) -> None:
     if code is None:
         code = pb_utils.TritonError.INTERNAL
     _send(job, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
-
-
-# --- input values -----------------------------------------------------------------------------
-
-
-def _text(name, value) -> str:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"input '{name}' is not valid UTF-8") from None
-    if isinstance(value, str):
-        return value
-    raise ValueError(f"'{name}' must be a string, not {value!r}")
-
-
-def _integer(name, value) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"'{name}' must be an integer, not {value!r}")
-    return value
-
-
-def _number(name, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{name}' must be a number, not {value!r}")
-    return float(value)
-
-
-def _flag(name, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"'{name}' must be true or false, not {value!r}")
-    return value
-
-
-def _stop_sequences(request, parameters) -> tuple:
-    tensor = pb_utils.get_input_tensor_by_name(request, "stop")
-    if tensor is not None:
-        values = tensor.as_numpy().reshape(-1).tolist()
-    else:
-        values = parameters.get("stop", [])
-        if not isinstance(values, list):
-            values = [values]
-    return tuple(_text("stop", v) for v in values)

@@ -1,0 +1,1 @@
+../../textgen/1/inputs.py

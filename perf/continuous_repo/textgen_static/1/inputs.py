@@ -1,0 +1,1 @@
+../../../../model_repository/textgen/1/inputs.py
