@@ -9,19 +9,19 @@ import asyncio
 import logging
 import sys
 
+from shmserve import logs
 from shmserve.malloc import keep_large_blocks
 from shmserve.server import Options, Server
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "backend-config", "repository-poll-secs", "trace-config", "cache-config", "rate-limit",
+    "backend-config", "trace-config", "cache-config", "rate-limit",
     "rate-limit-resource", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size",
     "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
-    "grpc-restricted-protocol", "metrics-config", "metrics-interval-ms",
-    "allow-gpu-metrics", "allow-cpu-metrics", "log-file", "log-format", "buffer-manager-thread-count",
+    "grpc-restricted-protocol", "metrics-config", "buffer-manager-thread-count",
     "host-policy", "model-namespacing",
     "response-cache-byte-size", "min-supported-compute-capability", "exit-on-error",
 )
@@ -39,6 +39,26 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{text}'")
+    return value
+
+
 class _Unsupported(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is a tritonserver option that shmserve does not support yet")
@@ -49,12 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Triton-compatible inference server for Python-backend models.")
     p.add_argument("--model-repository", "--model-store", action="append", required=True,
                    dest="model_repository", metavar="PATH")
-    p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument("--repository-poll-secs", type=_positive_int, default=15, metavar="SECONDS")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--id", default="shmserve", dest="server_id")
     p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--exit-timeout-secs", type=int, default=30)
+    # shmserve's own (Triton has no such flag).
+    p.add_argument("--model-instance-timeout-secs", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="a model instance that holds requests and sends nothing back for this "
+                        "long is killed, its requests fail, and it is restarted; 0 (the "
+                        "default) never does")
     p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
@@ -65,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--metrics-interval-ms", type=int, default=2000)
     # Triton's default is false; shared memory is what shmserve is for, so it is on here.
     p.add_argument("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -74,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-info", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--log-error", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="default",
+                   help="default or ISO8601 (Triton's line formats), or json: one JSON object "
+                        "a line (shmserve's addition)")
+    p.add_argument("--log-file", default="", metavar="PATH",
+                   help="append the log to this file rather than write it to stderr")
     for flag in NO_EFFECT_FLAGS:
         p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), default=None)
     for flag in UNSUPPORTED_FLAGS:
@@ -89,11 +123,13 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         model_repository=args.model_repository,
         model_control_mode=args.model_control_mode,
         load_model=args.load_model,
+        repository_poll_secs=args.repository_poll_secs,
         model_config_name=args.model_config_name,
         disable_auto_complete=args.disable_auto_complete_config or bool(args.strict_model_config),
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_timeout_secs=args.exit_timeout_secs,
+        model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,
         http_address=args.http_address,
         http_port=args.http_port,
@@ -104,29 +140,28 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         allow_client_shm=args.allow_client_shm,
     )
     return options, args
 
 
-def _configure_logging(args) -> None:
-    if args.log_verbose > 0:
-        level = logging.DEBUG
-    elif args.log_info:
-        level = logging.INFO
-    elif args.log_warning:
-        level = logging.WARNING
-    elif args.log_error:
-        level = logging.ERROR
-    else:
-        level = logging.CRITICAL
-    logging.basicConfig(stream=sys.stderr, level=level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def log_settings(args: argparse.Namespace) -> logs.LogSettings:
+    return logs.LogSettings(log_file=args.log_file, log_info=args.log_info,
+                            log_warning=args.log_warning, log_error=args.log_error,
+                            log_verbose_level=max(0, args.log_verbose),  # as Triton clamps it
+                            log_format=args.log_format)
 
 
 def main(argv=None) -> int:
     options, args = parse_options(sys.argv[1:] if argv is None else argv)
-    _configure_logging(args)
+    try:
+        logs.configure(log_settings(args))
+    except OSError as exc:
+        print(f"shmserve: cannot open --log-file: {exc}", file=sys.stderr)
+        return 1
     keep_large_blocks()
     for flag in NO_EFFECT_FLAGS:
         if getattr(args, flag.replace("-", "_")) is not None:

@@ -7,9 +7,10 @@ anything reaches a worker.
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 
-from shmserve import __version__
+from shmserve import __version__, logs
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
@@ -21,7 +22,7 @@ from shmserve.scheduling.queue import QueueRejection
 from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
-              "system_shared_memory", "cuda_shared_memory"]
+              "system_shared_memory", "cuda_shared_memory", "logging"]
 
 # Request parameters the server consumes; the model sees the others through parameters().
 RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
@@ -29,11 +30,14 @@ RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end"
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
+log = logging.getLogger("shmserve.dataplane")
+
 
 class DataPlane:
     def __init__(self, registry: Registry, shared_memory: SharedMemoryManager, *,
-                 server_id: str = "shmserve", strict_readiness: bool = True):
+                 server_id: str = "shmserve", strict_readiness: bool = True, models=None):
         self.registry = registry
+        self.models = models  # a repository.manager.ModelManager: the repository API
         self.shared_memory = shared_memory
         self.server_id = server_id
         self.strict_readiness = strict_readiness
@@ -53,9 +57,15 @@ class DataPlane:
     def server_metadata(self) -> dict:
         return {"name": self.server_id, "version": __version__, "extensions": EXTENSIONS}
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Loaded, every instance running, and the model's own `is_ready()` agrees where it
+        has one (asked of each instance; one that does not answer in time is not ready)."""
         mv = self.registry.find(name, version)
-        return mv is not None and mv.ready
+        if mv is None or not mv.healthy:
+            return False
+        checks = [inst.model_is_ready() for inst in mv.pool.instances
+                  if inst.readiness_hook] if mv.pool is not None else []
+        return all(await asyncio.gather(*checks))
 
     def model_metadata(self, name: str, version: str = "") -> dict:
         mv = self.registry.get(name, version)
@@ -92,9 +102,18 @@ class DataPlane:
             versions = [v for v in self.registry.all_versions() if v.ready]
         return [(mv, mv.stats) for mv in sorted(versions, key=lambda v: (v.name, v.version))]
 
-    def repository_index(self, ready_only: bool = False) -> list:
+    def repository_index(self, ready_only: bool = False, repository: str = "") -> list:
+        """Every model of the repository; one that was never loaded by name only."""
+        _check_repository(repository)
         out = []
-        for rec in sorted(self.registry.models.values(), key=lambda r: r.name):
+        names = self.models.repository_names() if self.models is not None else sorted(
+            self.registry.models)
+        for name in names:
+            rec = self.registry.models.get(name)
+            if rec is None or (not rec.reason and not rec.versions):
+                if not ready_only:
+                    out.append({"name": name})
+                continue
             if rec.reason and not rec.versions:
                 if not ready_only:
                     out.append({"name": rec.name, "state": "UNAVAILABLE", "reason": rec.reason})
@@ -107,6 +126,25 @@ class DataPlane:
                     entry["reason"] = mv.reason
                 out.append(entry)
         return out
+
+    async def load_model(self, name: str, config=None, files=None, repository: str = "") -> None:
+        """The repository load API: returns once `name` is loaded (see ModelManager.load)."""
+        _check_repository(repository)
+        await self.models.load(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False,
+                           repository: str = "") -> None:
+        _check_repository(repository)
+        await self.models.unload(name, unload_dependents)
+
+    # -- logging ------------------------------------------------------------------------
+
+    def log_settings(self) -> dict:
+        return logs.SETTINGS.as_dict()
+
+    def update_log_settings(self, changes: dict) -> dict:
+        """Change some log settings (see logs.update); the settings after the change."""
+        return logs.update(changes)
 
     # -- inference ----------------------------------------------------------------------
 
@@ -168,8 +206,33 @@ class DataPlane:
         Use it with `contextlib.aclosing` so that leaving early takes effect at once.
         """
         mv = self._model(request)
-        work, batch_size, priority, timeout_us, started = self._admit(request, mv)
-        # Counted until its stream ends, so that a draining server waits for the whole stream.
+        admitted = self._admit(request, mv)
+        async with contextlib.aclosing(self._responses(mv, request, *admitted)) as items:
+            async for response, final in items:
+                yield _streamed(request, mv, response, final)
+
+    async def run_step(self, request: InferRequest, output_regions: dict, timings):
+        """One step of an ensemble (scheduling/ensemble.py), run and counted as a request made
+        directly to its model, looked up now (a reloaded model serves the next step): an async
+        iterator of (WorkResponse or None, final), whose outputs stay where the instance put
+        them. Inputs may be RegionSlices (of a client's region, or of another instance's
+        output arena); the outputs named in `output_regions` are written into those slices.
+        The step's compute times are added to `timings` (a BatchTimings)."""
+        mv = self.registry.get(request.model_name, request.model_version)
+        work, *admitted = self._admit(request, mv)
+        for name, piece in output_regions.items():
+            work.output_regions[name] = piece
+            work.regions.append(piece.region)
+        async with contextlib.aclosing(self._responses(mv, request, work, *admitted,
+                                                       timings=timings)) as items:
+            async for item in items:
+                yield item
+
+    async def _responses(self, mv, request, work, batch_size, priority, timeout_us, started,
+                         timings=None):
+        """(WorkResponse or None, final) of an admitted request, which counts as in flight
+        until its last response, so that a draining server waits for whole streams. The
+        compute times of a request that is not decoupled are added to `timings`, if given."""
         mv.stats.inflight += 1
         _hold_regions(work)
         try:
@@ -179,9 +242,13 @@ class DataPlane:
                     async for item in items:
                         yield item
             else:
-                response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us,
-                                                 started)
-                yield StreamedResponse(_response(request, mv, response), None, True)
+                response, _, step = await self._run(mv, work, batch_size, priority, timeout_us,
+                                                    started)
+                if timings is not None:
+                    timings.compute_input_ns += step.compute_input_ns
+                    timings.compute_infer_ns += step.compute_infer_ns
+                    timings.compute_output_ns += step.compute_output_ns
+                yield response, True
         finally:
             mv.stats.inflight -= 1
             _release_regions(work)
@@ -201,14 +268,10 @@ class DataPlane:
                 except ServerError:
                     failed = True
                     raise
-                if response is None:
-                    item = StreamedResponse(None, None, final)
-                elif response.error is not None:
+                if response is not None and response.error is not None:
                     failed = failed or final
-                    item = StreamedResponse(None, response.error, final)
-                else:
-                    item = StreamedResponse(_response(request, mv, response), None, final)
-                yield item
+                    _log_failure(logging.WARNING, mv, request.id, response.error)
+                yield response, final
                 if final:
                     break
                 stream.consumed()
@@ -241,6 +304,7 @@ class DataPlane:
             timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
             mv.stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            _log_failure(logging.DEBUG, mv, request.id, exc)
             if isinstance(exc, RegionError):
                 raise
             # Triton names the request in validation errors.
@@ -255,11 +319,13 @@ class DataPlane:
         try:
             response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
                                                                     timeout_us)
-        except QueueRejection:
+        except QueueRejection as exc:
             stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            _log_failure(logging.DEBUG, mv, work.request_id, exc)
             raise
-        except ServerError:
+        except ServerError as exc:
             stats.record_failure(time.perf_counter_ns() - started, "OTHER")
+            _log_failure(logging.WARNING, mv, work.request_id, exc)
             raise
         except asyncio.CancelledError:
             if work.stream is None:
@@ -268,6 +334,7 @@ class DataPlane:
         if work.stream is None:
             if response.error is not None:
                 stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
+                _log_failure(logging.WARNING, mv, work.request_id, response.error)
                 raise response.error
             stats.record_success(batch_size=batch_size,
                                  request_ns=time.perf_counter_ns() - started,
@@ -275,6 +342,26 @@ class DataPlane:
                                  compute_infer_ns=timings.compute_infer_ns,
                                  compute_output_ns=timings.compute_output_ns)
         return response, queue_ns, timings
+
+
+def _log_failure(level: int, mv, request_id: str, error: ServerError) -> None:
+    """Failed requests are logged (rejected ones only at the verbose level: a client that
+    sends bad requests or overruns a queue must not flood the log)."""
+    log.log(level, "request failed: %s", error.message,
+            extra=logs.context(model=mv.name, version=mv.version, request_id=request_id))
+
+
+def _check_repository(repository: str) -> None:
+    if repository:
+        raise ServerError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
+
+
+def _streamed(request: InferRequest, mv, response, final: bool) -> StreamedResponse:
+    if response is None:
+        return StreamedResponse(None, None, final)
+    if response.error is not None:
+        return StreamedResponse(None, response.error, final)
+    return StreamedResponse(_response(request, mv, response), None, final)
 
 
 class DecoupledModel(ServerError):
@@ -373,6 +460,8 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
             regions.append(data.region)
         else:
             data = t.data
+            if type(data) is RegionSlice:  # an ensemble step's input, read where it lies
+                regions.append(data.region)
         _check_byte_size(t, data, name)
         model_shape = list(shape)
         if spec.reshape is not None:

@@ -1,15 +1,25 @@
 """Prometheus metrics with Triton's names, collected from the per-model statistics at
-scrape time (the request path only bumps integers in `stats.ModelStats`)."""
+scrape time (the request path only bumps integers in `stats.ModelStats`), plus two histograms
+Triton lacks, under the `shmserve_` prefix so that nobody mistakes them for Triton's."""
 
+import itertools
+import logging
 import os
+import time
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from shmserve.registry import Registry
+from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
+
+log = logging.getLogger("shmserve")
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Upper bounds of the batch-size histogram's buckets (the last bucket is +Inf).
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_REQUEST_DURATION_LE = (*(repr(ns / 1e9) for ns in REQUEST_DURATION_BOUNDS_NS), "+Inf")
 
 
 class CounterMetricFamily(Metric):
@@ -54,6 +64,14 @@ class ModelMetricsCollector:
                                                   "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=labels),
         }
         load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels)
+        request_hist = HistogramMetricFamily(
+            "shmserve_inference_request_duration_seconds",
+            "End-to-end duration of inference requests, successful and failed, in seconds",
+            labels=labels)
+        batch_hist = HistogramMetricFamily(
+            "shmserve_inference_batch_size",
+            "Batch size of each model execution (the sum of its requests' batch sizes)",
+            labels=labels)
         for mv in self._registry.all_versions():
             lv = [mv.name, str(mv.version)]
             load.add_metric(lv, mv.load_seconds)
@@ -69,11 +87,48 @@ class ModelMetricsCollector:
             durations["compute_input"].add_metric(lv, s.compute_input.ns // 1000)
             durations["compute_infer"].add_metric(lv, s.compute_infer.ns // 1000)
             durations["compute_output"].add_metric(lv, s.compute_output.ns // 1000)
-        yield from (success, failure, count, exec_count, pending, *durations.values(), load)
+            request_hist.add_metric(lv, _request_buckets(s.request_buckets),
+                                    (s.success.ns + s.fail.ns) / 1e9)
+            batch_hist.add_metric(lv, *_batch_buckets(s.batches))
+        yield from (success, failure, count, exec_count, pending, *durations.values(), load,
+                    request_hist, batch_hist)
+
+
+def _request_buckets(counts: list) -> list:
+    """(le, cumulative count) pairs from the per-bucket counts of `ModelStats`."""
+    return list(zip(_REQUEST_DURATION_LE, itertools.accumulate(counts)))
+
+
+def _batch_buckets(batches: dict) -> tuple:
+    """(buckets, sum) of the batch sizes executed, from the executions counted per size."""
+    per_size = {size: b.compute_infer.count for size, b in batches.items()}
+    buckets = [(str(bound), sum(n for size, n in per_size.items() if size <= bound))
+               for bound in BATCH_SIZE_BOUNDS]
+    buckets.append(("+Inf", sum(per_size.values())))
+    return buckets, sum(size * n for size, n in per_size.items())
+
+
+class Throttled:
+    """Wraps a collector whose readings cost system calls: it is read at most once per
+    --metrics-interval-ms, and scrapes in between get its last reading."""
+
+    def __init__(self, collector, interval_s: float):
+        self._collector = collector
+        self._interval_s = interval_s
+        self._read_at = None
+        self._families = []
+
+    def collect(self):
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= self._interval_s:
+            self._families = list(self._collector.collect())
+            self._read_at = now
+        return iter(self._families)
 
 
 class CpuMetricsCollector:
-    """nv_cpu_* gauges read from /proc, as Triton reports them."""
+    """nv_cpu_* gauges read from /proc, as Triton reports them; utilization is that of the
+    time since the previous reading."""
 
     def __init__(self):
         self._last = _cpu_times()
@@ -117,11 +172,100 @@ def _memory() -> tuple:
     return total, total - info.get("MemAvailable", 0)
 
 
-def build_metrics_app(registry: Registry) -> web.Application:
+class GpuMetricsCollector:
+    """Triton's nv_gpu_* gauges and nv_energy_consumption counter, one series per GPU labelled
+    with its UUID, read through NVML (the nvidia-ml-py package, module `pynvml`). A reading that
+    NVML refuses (a device gone, a field the GPU lacks) is left out; the scrape still answers."""
+
+    def __init__(self, nvml):
+        self._nvml = nvml
+        self._gpus = []  # (uuid, handle, energy in mJ when the server started or None)
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            if isinstance(uuid, bytes):  # older nvidia-ml-py releases return bytes
+                uuid = uuid.decode()
+            self._gpus.append((uuid, handle, self._read(nvml.nvmlDeviceGetTotalEnergyConsumption,
+                                                          handle)))
+
+    @classmethod
+    def open(cls):
+        """The collector, or None where nvidia-ml-py is missing or NVML finds no GPU."""
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            log.info("no GPU metrics: NVML did not start (%s)", exc)
+            return None
+        try:
+            collector = cls(pynvml)
+        except pynvml.NVMLError as exc:
+            log.info("no GPU metrics: NVML could not list the GPUs (%s)", exc)
+            pynvml.nvmlShutdown()
+            return None
+        if not collector._gpus:
+            pynvml.nvmlShutdown()
+            return None
+        return collector
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+    def _read(self, fn, handle):
+        try:
+            return fn(handle)
+        except self._nvml.NVMLError:
+            return None
+
+    def collect(self):
+        nvml = self._nvml
+        label = ["gpu_uuid"]
+        util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=label)
+        mem_total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=label)
+        mem_used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=label)
+        power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=label)
+        limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=label)
+        energy = CounterMetricFamily("nv_energy_consumption",
+                                     "GPU energy consumption in joules since the Triton Server started",
+                                     labels=label)
+        for uuid, handle, energy_at_start in self._gpus:
+            lv = [uuid]
+            rates = self._read(nvml.nvmlDeviceGetUtilizationRates, handle)
+            if rates is not None:
+                util.add_metric(lv, rates.gpu / 100.0)
+            memory = self._read(nvml.nvmlDeviceGetMemoryInfo, handle)
+            if memory is not None:
+                mem_total.add_metric(lv, memory.total)
+                mem_used.add_metric(lv, memory.used)
+            # NVML reports milliwatts and millijoules; Triton reports watts and joules.
+            milliwatts = self._read(nvml.nvmlDeviceGetPowerUsage, handle)
+            if milliwatts is not None:
+                power.add_metric(lv, milliwatts / 1000.0)
+            milliwatts = self._read(nvml.nvmlDeviceGetPowerManagementLimit, handle)
+            if milliwatts is not None:
+                limit.add_metric(lv, milliwatts / 1000.0)
+            if energy_at_start is not None:
+                millijoules = self._read(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+                if millijoules is not None:
+                    energy.add_metric(lv, (millijoules - energy_at_start) / 1000.0)
+        yield from (util, mem_total, mem_used, power, limit, energy)
+
+
+def build_metrics_app(registry: Registry, *, allow_cpu_metrics: bool = True,
+                      allow_gpu_metrics: bool = True,
+                      interval_ms: int = 2000) -> web.Application:
+    interval_s = interval_ms / 1000.0
     prom = CollectorRegistry(auto_describe=False)
     prom.register(ModelMetricsCollector(registry))
-    if os.path.exists("/proc/stat"):
-        prom.register(CpuMetricsCollector())
+    if allow_cpu_metrics and os.path.exists("/proc/stat"):
+        prom.register(Throttled(CpuMetricsCollector(), interval_s))
+    gpu = GpuMetricsCollector.open() if allow_gpu_metrics else None
 
     async def metrics(request):
         return web.Response(body=generate_latest(prom),
@@ -130,4 +274,10 @@ def build_metrics_app(registry: Registry) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/metrics/", metrics)
+    if gpu is not None:
+        prom.register(Throttled(gpu, interval_s))
+
+        async def close_nvml(app):
+            gpu.close()
+        app.on_cleanup.append(close_nvml)
     return app

@@ -11,6 +11,8 @@ READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 LOADING = "LOADING"
 UNLOADING = "UNLOADING"
+# The reason Triton gives for a version that was loaded and is not any more.
+UNLOADED = "unloaded"
 
 
 @dataclass
@@ -30,7 +32,14 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
+        """Requests may be routed to it: loaded, with at least one instance running."""
         return self.state == READY and (self.pool is None or self.pool.ready)
+
+    @property
+    def healthy(self) -> bool:
+        """What readiness reports: loaded, with every instance running (false while one is
+        down or restarting, though `ready` lets the others serve)."""
+        return self.state == READY and (self.pool is None or self.pool.all_alive)
 
     @property
     def decoupled(self) -> bool:
@@ -97,5 +106,6 @@ class Registry:
             yield from rec.versions.values()
 
     def all_ready(self) -> bool:
+        """Every model that should serve does: unloaded versions do not count."""
         return all(not rec.reason for rec in self.models.values()) and all(
-            v.ready for v in self.all_versions())
+            v.healthy for v in self.all_versions() if v.reason != UNLOADED)

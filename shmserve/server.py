@@ -12,12 +12,14 @@ from typing import Optional
 
 from aiohttp import web
 
+from shmserve import systemd
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.ipc import shm
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
+from shmserve.repository.manager import ModelManager
 from shmserve.shared_memory import SharedMemoryManager
 
 log = logging.getLogger("shmserve")
@@ -28,6 +30,7 @@ class Options:
     model_repository: list = field(default_factory=list)
     model_control_mode: str = "none"
     load_model: list = field(default_factory=list)
+    repository_poll_secs: int = 15
     model_config_name: Optional[str] = None
     disable_auto_complete: bool = False
     server_id: str = "shmserve"
@@ -43,7 +46,13 @@ class Options:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
     allow_client_shm: bool = True
+    # shmserve's own: an instance that holds work and sends nothing for this long is killed
+    # and restarted (0: never).
+    model_instance_timeout_secs: float = 0.0
 
 
 class Server:
@@ -54,29 +63,34 @@ class Server:
         self.registry = Registry()
         self.shared_memory = SharedMemoryManager(allowed=options.allow_client_shm,
                                                  gpu_count=gpu_count())
-        self.dataplane = DataPlane(self.registry, self.shared_memory,
-                                   server_id=options.server_id,
-                                   strict_readiness=options.strict_readiness)
-        self.supervisor = Supervisor()
+        self.supervisor = Supervisor(hang_timeout=options.model_instance_timeout_secs)
         self.loader = Loader(self.registry, options.model_repository[0],
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
                              on_instance_exit=self.supervisor.instance_exited,
-                             on_pool_ready=self.supervisor.watch)
+                             on_pool_ready=self.supervisor.watch,
+                             on_pool_stopped=self.supervisor.forget)
+        self.models = ModelManager(self.registry, self.loader,
+                                   mode=options.model_control_mode,
+                                   startup_models=options.load_model,
+                                   poll_secs=options.repository_poll_secs,
+                                   drain_timeout=options.exit_timeout_secs)
+        self.dataplane = DataPlane(self.registry, self.shared_memory,
+                                   server_id=options.server_id,
+                                   strict_readiness=options.strict_readiness,
+                                   models=self.models)
+        self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self._runners: list = []
         self._grpc = None
+        # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
+        self._hurry = asyncio.Event()
 
     async def start(self) -> None:
         removed = shm.sweep_dead_segments()
         if removed:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
-        opts = self.options
         self.dataplane.live = True
-        if opts.model_control_mode == "explicit":
-            names = set(opts.load_model)
-            await self.loader.load_all(None if "*" in names else names)
-        else:
-            await self.loader.load_all()
+        await self.models.start()
         self.dataplane.accepting = True
         try:
             await self._start_endpoints()
@@ -100,11 +114,16 @@ class Server:
             await self._grpc.start()
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_app
-            await self._serve_aiohttp(build_metrics_app(self.registry), opts.metrics_address,
-                                      opts.metrics_port)
+            app = build_metrics_app(self.registry, allow_cpu_metrics=opts.allow_cpu_metrics,
+                                    allow_gpu_metrics=opts.allow_gpu_metrics,
+                                    interval_ms=opts.metrics_interval_ms)
+            await self._serve_aiohttp(app, opts.metrics_address, opts.metrics_port)
 
     async def _serve_aiohttp(self, app, address: str, port: int, **options) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
+        # The drain has waited for in-flight requests already: handlers still running when the
+        # endpoint stops are cancelled after this grace.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               shutdown_timeout=ENDPOINT_GRACE_S, **options)
         await runner.setup()
         self._runners.append(runner)
         await web.TCPSite(runner, address, port, reuse_address=True).start()
@@ -130,40 +149,100 @@ class Server:
         return self.dataplane.stream(request)
 
     async def stop(self) -> None:
-        """Refuse new work, let in-flight requests finish (up to --exit-timeout-secs),
-        then stop the endpoints and the models; every shared-memory segment is unlinked."""
+        """Refuse new work (readiness false, new requests UNAVAILABLE; liveness stays true),
+        let in-flight requests and streams finish (up to --exit-timeout-secs, or until
+        `hurry()`), then stop the endpoints and the models (finalized; instances still busy
+        are killed); every shared-memory segment is unlinked."""
         self.dataplane.accepting = False
-        await self._drain(self.options.exit_timeout_secs)
+        left = await self._drain(self.options.exit_timeout_secs)
+        await self.supervisor.stop()  # what dies from now on stays dead
+        if left:
+            cause = ("a second SIGTERM/SIGINT" if self._hurry.is_set() else
+                     f"--exit-timeout-secs={self.options.exit_timeout_secs} expired")
+            log.warning("stopping with %d request(s) still in flight (%s): they fail", left, cause)
+            self._kill_busy_instances(f"was killed: the server shut down before it finished "
+                                      f"({cause})")
         if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+            await self._grpc.stop(grace=ENDPOINT_GRACE_S)
             self._grpc = None
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
-        await self.supervisor.stop()
         self.shared_memory.unregister_all()
-        await self.loader.unload_all()
+        await self.models.stop()
         self.dataplane.live = False
+        log.info("shmserve stopped")
 
-    async def _drain(self, timeout: float) -> None:
+    def hurry(self) -> None:
+        """End a drain now: what is still in flight fails rather than being waited for."""
+        self._hurry.set()
+
+    def _inflight(self) -> int:
+        return sum(mv.stats.inflight for mv in self.registry.all_versions())
+
+    async def _drain(self, timeout: float) -> int:
+        """Wait until nothing is in flight, for at most `timeout` seconds or until `hurry()`;
+        returns how many requests are still in flight."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if not any(mv.stats.inflight
-                       for mv in self.registry.all_versions()):
-                return
-            await asyncio.sleep(0.05)
+        left = self._inflight()
+        if left:
+            log.info("waiting up to %g s for %d in-flight request(s) to complete", timeout, left)
+        while left and loop.time() < deadline and not self._hurry.is_set():
+            # Polled: only a stopping server pays for it, not every request's end.
+            try:
+                await asyncio.wait_for(self._hurry.wait(), DRAIN_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            left = self._inflight()
+        return left
+
+    def _kill_busy_instances(self, why: str) -> None:
+        for mv in self.registry.all_versions():
+            if mv.pool is not None:
+                for inst in mv.pool.instances:
+                    if inst.holds_work:
+                        inst.kill(why)
 
     async def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then stop gracefully."""
+        """Start, run until SIGTERM or SIGINT, then stop gracefully; a second signal ends
+        the wait for in-flight requests at once. Under systemd (`Type=notify`) it reports
+        READY=1 once every model is loaded and the endpoints are up, STOPPING=1 as the drain
+        begins, and pings the watchdog when `WatchdogSec=` asks for it."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                log.info("%s received again: in-flight requests now fail", sig.name)
+                self.hurry()
+                return
+            log.info("%s received: shutting down (a second one stops waiting for in-flight "
+                     "requests)", sig.name)
+            # Readiness goes false with the signal, not when the loop gets to stop().
+            self.dataplane.accepting = False
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        await stop.wait()
-        log.info("shutting down")
-        await self.stop()
+            loop.add_signal_handler(sig, on_signal, sig)
+        watchdog = systemd.start_watchdog()
+        try:
+            await self.start()
+            if not stop.is_set():
+                systemd.notify("READY=1")
+                await stop.wait()
+            systemd.notify("STOPPING=1")
+            await self.stop()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+# How long stopping endpoints wait for responses still being written, after the drain.
+ENDPOINT_GRACE_S = 1.0
+DRAIN_POLL_S = 0.05
 
 
 def _host(address: str) -> str:

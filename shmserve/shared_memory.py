@@ -48,6 +48,12 @@ class Region:
         if self.users == 0 and self.unregistered:
             self._retire()
 
+    def retire_when_unused(self) -> None:
+        """The memory behind the region goes away: workers unmap it once no request uses it."""
+        self.unregistered = True
+        if self.users == 0:
+            self._retire()
+
     def _retire(self) -> None:
         mapped, self.mapped_by = self.mapped_by, set()
         for handle in mapped:
@@ -213,6 +219,13 @@ class SharedMemoryManager:
 
 _KIND_NAMES = {SystemRegion: "system", CudaRegion: "cuda"}
 _KIND_TITLES = {SystemRegion: "system", CudaRegion: "CUDA"}
+
+
+def segment_region(name: str, key: str, byte_size: int) -> SystemRegion:
+    """A segment of the server's own, as a system region: a worker's output arena, whose slots
+    other instances then read in place (an ensemble's intermediate tensors)."""
+    identity, _ = _inspect_object(key, f"failed to describe segment '{key}'")
+    return SystemRegion(name, byte_size, key=key, identity=identity)
 
 
 def decode_raw_handle(b64: str) -> bytes:

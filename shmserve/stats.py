@@ -5,7 +5,15 @@ these at scrape time, so the hot path never touches prometheus_client.
 """
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
+
+# Upper bounds (inclusive, as Prometheus' `le`) of the request-duration histogram's buckets, in
+# ns so that recording compares integers: 100 us to 1 min, covering shared-memory requests of a
+# few microseconds' overhead as well as slow generative models. The last bucket is +Inf.
+REQUEST_DURATION_BOUNDS_NS = tuple(int(s * 1e9) for s in (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0))
 
 
 @dataclass(slots=True)
@@ -41,6 +49,9 @@ class ModelStats:
     batches: dict = field(default_factory=dict)  # batch size -> BatchStats
     pending: int = 0  # queued in the scheduler, not yet executing
     inflight: int = 0  # accepted and not yet answered
+    # Requests, successful or failed, per request-duration bucket (not cumulative).
+    request_buckets: list = field(
+        default_factory=lambda: [0] * (len(REQUEST_DURATION_BOUNDS_NS) + 1))
 
     def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,
                        compute_input_ns: int, compute_infer_ns: int,
@@ -49,6 +60,7 @@ class ModelStats:
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.success.add(request_ns)
+        self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
         self.queue.add(queue_ns)
         self.compute_input.add(compute_input_ns)
         self.compute_infer.add(compute_infer_ns)
@@ -66,6 +78,7 @@ class ModelStats:
 
     def record_failure(self, request_ns: int, reason: str) -> None:
         self.fail.add(request_ns)
+        self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
 

@@ -2,21 +2,69 @@
 
 The front passes one end of a socketpair as file descriptor <fd>. The worker reads Init,
 loads the model, answers Ready, then serves frames until Shutdown.
+
+Logs: the front reads the worker's stdout and stderr line by line and puts every line in the
+server log, tagged with the instance (shmserve/logs.py). Log records go to stderr one a line,
+as `RECORD_MARK` + JSON `[created, levelno, filename, lineno, logger, message]`, so that they
+keep their level and source and a traceback stays one record. stdin carries the server's
+verbose level, one line per change.
 """
 
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
+
+RECORD_MARK = "\x1e"  # as shmserve.logs.RECORD_MARK
+
+
+class _RecordLines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+            line = json.dumps([record.created, record.levelno, record.filename, record.lineno,
+                               record.name, message])
+            stream = sys.stderr
+            stream.write(RECORD_MARK + line + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_front() -> None:
+    # Line-buffered, so that a print reaches the front at once and is not lost with the
+    # process if it dies (stderr is line-buffered already).
+    sys.stdout.reconfigure(line_buffering=True)
+    root = logging.getLogger()
+    root.addHandler(_RecordLines())
+    # The first level was written before the worker started: no record misses it.
+    _set_verbose(sys.stdin.readline())
+    threading.Thread(target=_follow_verbose, name="shmserve-log-level", daemon=True).start()
+
+
+def _set_verbose(line: str) -> None:
+    try:
+        verbose = int(line)
+    except ValueError:
+        verbose = 0
+    logging.getLogger().setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
+
+
+def _follow_verbose() -> None:
+    for line in iter(sys.stdin.readline, ""):
+        _set_verbose(line)
 
 
 def main(argv: list) -> int:
     fd = int(argv[1])
     # The front owns shutdown; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_front()
 
     from shmserve.ipc import messages
     from shmserve.ipc.channel import SyncChannel
@@ -49,7 +97,7 @@ def main(argv: list) -> int:
     except Exception as exc:  # reported to the front, which marks the model unavailable
         channel.send(messages.Ready(f"{type(exc).__name__}: {exc}"))
         return 1
-    channel.send(messages.Ready(""))
+    channel.send(messages.Ready("", runner.has_readiness_hook))
     try:
         loop.run()
     except Exception:

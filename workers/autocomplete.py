@@ -29,8 +29,7 @@ def complete(model_dir: str, version: str, config_json: str) -> str:
     filename = config.get("default_model_filename") or "model.py"
     path = os.path.join(model_dir, version, filename)
     try:
-        module = import_model(model_dir, version, os.path.splitext(filename)[0],
-                              f"{config.get('name', '')}_autocomplete")
+        module = import_model(model_dir, version, os.path.splitext(filename)[0])
     except Exception as exc:
         raise AutoCompleteError(f"failed to import '{path}': {_describe(exc)}") from exc
     model_class = getattr(module, "TritonPythonModel", None)

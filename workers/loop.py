@@ -79,6 +79,8 @@ class WorkerLoop:
                     with self._output_lock:
                         for offset in msg.offsets:
                             self._output_alloc.free(offset)
+                elif isinstance(msg, messages.CheckReady):
+                    self._channel.send(messages.ReadyState(self._runner.is_ready()))
                 elif isinstance(msg, messages.Shutdown):
                     try:
                         self._runner.finalize()

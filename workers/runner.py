@@ -201,7 +201,7 @@ class ModelRunner:
             raise RunnerError(f"Python model file not found in '{path}'")
 
         try:
-            module = import_model(self._model_dir, version, stem, self._instance_name)
+            module = import_model(self._model_dir, version, stem)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
             raise RunnerError(f"failed to import '{path}': {_describe(exc)}") from exc
@@ -228,6 +228,20 @@ class ModelRunner:
             "model_version": str(self._model_version),
             "model_name": self._model_name,
         }
+
+    @property
+    def has_readiness_hook(self) -> bool:
+        return callable(getattr(self._model, "is_ready", None))
+
+    def is_ready(self) -> bool:
+        """The model's own is_ready() (sync or async); an exception or an answer that is not
+        a boolean means not ready."""
+        try:
+            answer = self._complete(self._model.is_ready())
+        except Exception:
+            _log.exception("is_ready() failed for model instance '%s'", self._instance_name)
+            return False
+        return isinstance(answer, (bool, np.bool_)) and bool(answer)
 
     def finalize(self) -> None:
         try:
@@ -412,12 +426,12 @@ class ModelRunner:
         )
 
 
-def import_model(model_dir: str, version: str, stem: str, instance_name: str):
+def import_model(model_dir: str, version: str, stem: str):
     """The module `<model_dir>/<version>/<stem>.py`, imported as Triton's Python backend
     imports it: our pb_utils as `triton_python_backend_utils`, the version folder and the
     model folder on sys.path."""
     version_dir = os.path.join(model_dir, version)
-    pb_utils._set_model_context(model_dir=version_dir, instance_name=instance_name)
+    pb_utils._set_model_context(model_dir=version_dir)
     sys.modules["triton_python_backend_utils"] = pb_utils
     for entry in (version_dir, model_dir):
         if entry not in sys.path:

@@ -17,7 +17,6 @@ import copy
 import enum
 import json
 import logging
-import sys
 import threading
 
 import numpy as np
@@ -658,16 +657,9 @@ def get_model_dir():
     return _model_dir
 
 
-def _set_model_context(*, model_dir: str, instance_name: str) -> None:
+def _set_model_context(*, model_dir: str) -> None:
     global _model_dir
     _model_dir = model_dir
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter(f"%(levelname)s {instance_name} %(filename)s:%(lineno)d] %(message)s")
-    )
-    for old in list(_logger.handlers):
-        _logger.removeHandler(old)
-    _logger.addHandler(handler)
 
 
 def load_model(model_name, config="", files=None):
@@ -686,12 +678,12 @@ def is_model_ready(model_name, model_version=""):
 
 LOGGER_NAME = "shmserve.model"
 _logger = logging.getLogger(LOGGER_NAME)
-_logger.propagate = False
-_logger.setLevel(logging.INFO)
 
 
 class Logger:
-    """Model logging to stderr, prefixed with the instance name; VERBOSE is logging.DEBUG."""
+    """Model logging through the worker's logging setup (workers/__main__.py), which hands each
+    record to the server log with its level; VERBOSE is logging.DEBUG, shown only while the
+    server's verbose level is above 0."""
 
     class LogLevel(enum.IntEnum):
         INFO = 0

@@ -41,7 +41,9 @@ def normalize_config(config: ModelConfig, model_name: str, gpu_count: int) -> Mo
     if not result.HasField("version_policy"):
         result.version_policy.latest.num_versions = 1
     if result.platform == ENSEMBLE_PLATFORM:
-        # Ensembles are normalized and validated by the ensemble scheduler's own code.
+        # The steps are checked against their models once those are loaded
+        # (scheduling/ensemble.py); here, what the ensemble's own config must be.
+        _check_ensemble(result)
         return result
 
     _fill_defaults(result)
@@ -111,6 +113,22 @@ def _check_model(config: ModelConfig) -> None:
                           "'decoupled' transaction policy. Please disable the response cache.")
     for control in config.model_metrics.metric_control:
         _check_metric_control(control)
+
+
+def _check_ensemble(config: ModelConfig) -> None:
+    name = config.name
+    if not config.HasField("ensemble_scheduling"):
+        raise invalid_arg(f"ensemble scheduling must be set for ensemble {name} whose platform "
+                          f"is {ENSEMBLE_PLATFORM}")
+    if config.max_batch_size < 0:
+        raise invalid_arg(f"'max_batch_size' must be non-negative value for {name}")
+    if config.instance_group:
+        raise invalid_arg(f"instance group should not be specified for ensemble '{name}'")
+    if config.HasField("optimization"):
+        raise invalid_arg(f"optimization should not be specified for ensemble '{name}'")
+    if config.model_warmup:
+        raise invalid_arg(f"model_warmup can not be specified for ensemble '{name}'")
+    _check_io(config)
 
 
 def _check_dynamic_batching(config: ModelConfig) -> None:

@@ -28,7 +28,14 @@ class InstancePool:
 
     @property
     def ready(self) -> bool:
+        """Some instance can take work: what routing needs."""
         return not self._closed and any(i.alive for i in self.instances)
+
+    @property
+    def all_alive(self) -> bool:
+        """Every instance runs: what readiness reports (one down or restarting makes the
+        model not ready, though the others still serve)."""
+        return not self._closed and all(i.alive for i in self.instances)
 
     def add_listener(self, callback) -> None:
         """`callback()` runs whenever room may have appeared (a batch ended, an instance came

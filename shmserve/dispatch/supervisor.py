@@ -1,4 +1,9 @@
-"""Restarts model instances whose process died, with exponential backoff."""
+"""Restarts model instances whose process died or hung, with exponential backoff.
+
+A hung instance is one that holds work and has sent nothing for `hang_timeout` seconds
+(`--model-instance-timeout-secs`; 0 turns the check off): its handle kills it (see
+WorkerHandle.detect_hangs), which makes it an instance that died.
+"""
 
 import asyncio
 import logging
@@ -12,7 +17,8 @@ BACKOFF_MAX = 30.0
 
 
 class Supervisor:
-    def __init__(self):
+    def __init__(self, hang_timeout: float = 0.0):
+        self.hang_timeout = hang_timeout
         self._pools: dict = {}  # WorkerHandle -> InstancePool
         self._tasks: set = set()
         self._stopping = False
@@ -20,9 +26,17 @@ class Supervisor:
     def watch(self, pool) -> None:
         for inst in pool.instances:
             self._pools[inst] = pool
+            if self.hang_timeout > 0:
+                inst.detect_hangs(self.hang_timeout)
         for inst in pool.instances:
             if not inst.alive:  # died between its start and now, before anyone watched
                 self.instance_exited(inst)
+
+    def forget(self, pool) -> None:
+        """The pool's version is being unloaded: its instances are no longer restarted."""
+        for inst in pool.instances:
+            if self._pools.get(inst) is pool:
+                del self._pools[inst]
 
     def instance_exited(self, inst) -> None:
         pool = self._pools.get(inst)
@@ -48,6 +62,9 @@ class Supervisor:
                 log.error("restart of '%s' failed: %s", inst.instance_name, reason)
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
+            if self._stopping or self._pools.get(inst) is not pool:
+                await inst.stop()  # unloaded while it was starting
+                return
             log.info("model instance '%s' is back (pid %s)", inst.instance_name, inst.pid)
             pool.instance_back(inst)
             return

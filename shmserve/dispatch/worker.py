@@ -10,7 +10,9 @@ execution.
 Tensors in client shared-memory regions stay there: the worker maps each region when the first
 batch that uses it is sent, and unmaps it when the region's `Region` says so (`unmap_region`).
 A worker that dies fails the batches it holds (the running one and the one queued behind
-it), and the streams still open, with an error naming the instance.
+it), and the streams still open, with an error naming the instance. With `detect_hangs`, so
+does one that holds work and sends nothing for too long: it is killed. That check costs one
+timer per instance, armed while it holds work; frames only note the time they came.
 """
 
 import asyncio
@@ -23,13 +25,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from shmserve import logs
 from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
 from shmserve.ipc.request_table import SIZE as REQUEST_TABLE_BYTES
 from shmserve.ipc.request_table import RequestTable, RowAllocator
-from shmserve.shared_memory import CudaRegion, Region, RegionSlice
+from shmserve.shared_memory import CudaRegion, Region, RegionSlice, segment_region
 
 log = logging.getLogger("shmserve.dispatch")
 
@@ -41,6 +44,8 @@ INLINE_THRESHOLD = 64 * 1024
 # every tensor stays as aligned as one placed alone (arena slots are 64-byte aligned).
 BLOCK_ALIGNMENT = 64
 ARENA_BYTES = 256 * 1024 * 1024  # sparse: pages cost memory only once touched
+# How long a model's is_ready() may take before the instance counts as not ready (Triton's).
+READINESS_TIMEOUT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -79,6 +84,8 @@ class WorkOutput:
     datatype: str
     shape: list
     data: object  # bytes (inline; empty when in a client region) or a view of the output arena
+    # Where `data` starts in the output arena (see WorkResponse.arena); -1 when not there.
+    offset: int = -1
 
 
 @dataclass(slots=True)
@@ -90,6 +97,9 @@ class WorkResponse:
     release: Optional[Callable[[], None]] = None
     # An iterative sequence's request that the model asked to run again: no answer yet.
     rescheduled: bool = False
+    # The output arena as a Region, when outputs are in it: another instance can then read
+    # them in place (an ensemble's next step), as long as `release` has not been called.
+    arena: Optional[Region] = None
 
 
 @dataclass(slots=True)
@@ -120,9 +130,13 @@ class WorkerHandle:
         self._process: Optional[asyncio.subprocess.Process] = None
         self._ready: Optional[asyncio.Future] = None
         self._bye: Optional[asyncio.Future] = None
+        # The model defines is_ready(); the answer to the CheckReady in flight, if any.
+        self.readiness_hook = False
+        self._readiness: Optional[asyncio.Future] = None
         self._input_arena: Optional[InputArena] = None
         self._output_arena = None
         self._output_buf = None
+        self._output_region: Optional[Region] = None
         self._state_arena = None
         # Bumped at every start, so that releases meant for a dead process's arena are
         # never sent to its successor, whose slots at those offsets belong to others.
@@ -131,6 +145,14 @@ class WorkerHandle:
         self._running = False  # started and not being stopped: an exit is a crash
         self._exit_watch: Optional[asyncio.Task] = None
         self._mapped_regions: set = set()  # ids of client regions this process has mapped
+        self._log_context = logs.context(model=model_name, version=model_version,
+                                         instance=instance_name)
+        self._worker_log: Optional[logs.WorkerLog] = None  # of the current process
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._hang_timeout = 0.0  # seconds; 0: hangs are not looked for
+        self._hang_timer: Optional[asyncio.TimerHandle] = None
+        self._last_frame = 0.0  # loop time of the last frame, or of the start of work
+        self._received: dict = {}  # table row -> responses of its open stream (hang check only)
 
     @property
     def pid(self) -> Optional[int]:
@@ -138,24 +160,29 @@ class WorkerHandle:
 
     async def start(self) -> None:
         """Spawn the process and load the model; ServerError(UNAVAILABLE) if it fails."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         tag = self.instance_name
         self._generation += 1
         self._process = None
         self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
         self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
         self._output_buf = self._output_arena.buffer
+        self._output_region = segment_region(f"{tag} output arena", self._output_arena.name,
+                                             ARENA_BYTES)
         self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
         if self._init_args["model_config"].get("sequence_batching", {}).get("state"):
             self._state_arena = new_segment(f"{tag}.state", ARENA_BYTES)
         self._rows = RowAllocator()
         self._mapped_regions = set()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        worker_log = self._worker_log = logs.WorkerLog(self._log_context)
         try:
+            stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "workers", str(child.fileno()),
-                pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(child.fileno(),), stdin=stdin, stdout=stdout, stderr=stderr,
                 env=worker_env())
+            await worker_log.started(self._process.pid)
             self._ready = loop.create_future()
             _, self._channel = await loop.create_unix_connection(
                 lambda: AsyncChannel(self._on_message, self._on_closed), sock=parent)
@@ -164,6 +191,7 @@ class WorkerHandle:
             if self._process is not None:
                 self._process.kill()
                 await self._process.wait()
+            await worker_log.close()
             self._destroy_arenas()
             if isinstance(exc, OSError):
                 raise ServerError(Code.UNAVAILABLE, f"cannot start model instance "
@@ -199,6 +227,8 @@ class WorkerHandle:
             future = asyncio.get_running_loop().create_future()
             self._map_regions(batch)
             plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
+            if self._hang_timeout:
+                self._watch_for_hang()
             self._pending[batch_id] = (future, slot, plain_rows, len(batch))
             for row, req in zip(rows, batch):
                 if req.stream is not None:
@@ -292,12 +322,17 @@ class WorkerHandle:
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
+        if self._worker_log is not None:
+            await self._worker_log.close()  # what finalize() wrote is logged before stop ends
         self._destroy_arenas()
 
     def _destroy_arenas(self) -> None:
         if self._input_arena is not None:
             self._input_arena.destroy()
             self._input_arena = None
+        if self._output_region is not None:
+            self._output_region.retire_when_unused()
+            self._output_region = None
         if self._output_arena is not None:
             self._output_buf = None
             self._output_arena.close()
@@ -328,6 +363,8 @@ class WorkerHandle:
             self._input_arena.free(slot)
 
     def _on_message(self, msg) -> None:
+        if self._hang_timeout:
+            self._last_frame = self._loop.time()
         if isinstance(msg, messages.StreamResponse):
             stream = self._streams.get(msg.row)
             if stream is None:
@@ -335,6 +372,10 @@ class WorkerHandle:
             if msg.final:
                 del self._streams[msg.row]
                 self._rows.give_back(msg.row)
+                if self._hang_timeout:
+                    self._received.pop(msg.row, None)
+            elif self._hang_timeout:
+                self._received[msg.row] = self._received.get(msg.row, 0) + 1
             stream.push(None if msg.response is None else self._response(msg.response), msg.final)
         elif isinstance(msg, messages.Result):
             entry = self._pending.pop(msg.batch_id, None)
@@ -358,8 +399,12 @@ class WorkerHandle:
             future.set_result((responses, BatchTimings(
                 msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns)))
         elif isinstance(msg, messages.Ready):
+            self.readiness_hook = msg.readiness_hook
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg.error)
+        elif isinstance(msg, messages.ReadyState):
+            if self._readiness is not None and not self._readiness.done():
+                self._readiness.set_result(bool(msg.ready))
         elif isinstance(msg, messages.Bye):
             self._resolve_bye()
 
@@ -381,12 +426,16 @@ class WorkerHandle:
                 data = b""  # the client reads it from its own region
             else:
                 _, offset, nbytes = loc
-                data = self._output_buf[offset:offset + nbytes]
+                outputs.append(WorkOutput(t.name, t.datatype, t.shape,
+                                          self._output_buf[offset:offset + nbytes], offset))
                 slots.append(offset)
+                continue
             outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-        release = (functools.partial(self._release_outputs, slots, self._generation)
-                   if slots else None)
-        return WorkResponse(None, outputs, frame.parameters, release)
+        if not slots:
+            return WorkResponse(None, outputs, frame.parameters)
+        return WorkResponse(None, outputs, frame.parameters,
+                            functools.partial(self._release_outputs, slots, self._generation),
+                            arena=self._output_region)
 
     def _on_closed(self, exc) -> None:
         self.alive = False
@@ -395,10 +444,15 @@ class WorkerHandle:
 
     async def _watch_exit(self) -> None:
         proc = self._process
+        worker_log = self._worker_log
         code = await proc.wait()
         unexpected = self._running
         self._running = False
         self.alive = False
+        await worker_log.close()  # the process's last lines come before the news of its end
+        if unexpected:
+            log.error("model instance '%s' (pid %s) exited with code %s", self.instance_name,
+                      proc.pid, code, extra=self._log_context)
         self._resolve_bye()
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(f"model instance '{self.instance_name}' exited with code "
@@ -407,10 +461,85 @@ class WorkerHandle:
         if unexpected and self._on_exit is not None:
             self._on_exit(self)
 
+    def detect_hangs(self, timeout: float) -> None:
+        """From now on, an instance that holds work (a batch not yet answered, or a stream
+        still open) and sends no frame for `timeout` seconds is hung: it is killed, its
+        requests fail saying so, and its exit is reported like any other (`on_exit`)."""
+        self._hang_timeout = timeout
+
+    def kill(self, why: str) -> None:
+        """End the process now, without finalizing the model: its requests fail with an error
+        naming the instance and saying that its process `why`."""
+        proc = self._process
+        if proc is None or proc.returncode is not None:
+            return
+        self.alive = False
+        self._fail_pending(why)
+        try:
+            proc.kill()
+        except ProcessLookupError:  # exited already; _watch_exit reports it
+            pass
+
+    @property
+    def holds_work(self) -> bool:
+        return bool(self._pending or self._streams)
+
+    def _watch_for_hang(self) -> None:
+        """A batch is about to be sent: silence counts from now if the instance was idle."""
+        if not self._pending and not self._streams:
+            self._last_frame = self._loop.time()
+        if self._hang_timer is None:
+            self._hang_timer = self._loop.call_at(self._last_frame + self._hang_timeout,
+                                                  self._check_hang)
+
+    def _check_hang(self) -> None:
+        self._hang_timer = None
+        if not self.alive or not self.holds_work:
+            return  # disarmed until work comes again
+        now = self._loop.time()
+        if self._waiting_on_readers():
+            self._last_frame = now  # a sender held back by its slow reader is not hung
+        due = self._last_frame + self._hang_timeout
+        if now < due:
+            self._hang_timer = self._loop.call_at(due, self._check_hang)
+            return
+        log.error("model instance '%s' (pid %s) holds requests and sent nothing for %g s "
+                  "(--model-instance-timeout-secs): killing it", self.instance_name, self.pid,
+                  self._hang_timeout)
+        self.kill(f"stopped answering within {self._hang_timeout:g} s "
+                  f"(--model-instance-timeout-secs) and was killed")
+
+    def _waiting_on_readers(self) -> bool:
+        """Whether some open stream has responses its reader has not handed over yet: the
+        model's sender may be waiting on them (see workers/loop.py)."""
+        table = self._table
+        return table is not None and any(
+            self._received.get(row, 0) > table.consumed(row) for row in self._streams)
+
+    async def model_is_ready(self, timeout: float = READINESS_TIMEOUT_S) -> bool:
+        """The answer of the model's is_ready() in this instance; False if it takes longer
+        than `timeout`. The worker answers between batches. A check still running is not
+        asked again: later callers wait for its answer (as Triton's Python backend does)."""
+        if not self.alive:
+            return False
+        if self._readiness is None or self._readiness.done():
+            self._readiness = asyncio.get_running_loop().create_future()
+            try:
+                self._channel.send(messages.CheckReady())
+            except ConnectionError:
+                self._readiness.set_result(False)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._readiness), timeout)
+        except asyncio.TimeoutError:
+            return False
+
     def _fail_pending(self, why: str) -> None:
+        if self._readiness is not None and not self._readiness.done():
+            self._readiness.set_result(False)
         error = ServerError(Code.INTERNAL, f"Failed to process the request(s) for model instance "
                                            f"'{self.instance_name}', message: the instance's "
                                            f"process {why}")
+        self._received.clear()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.fail(error)

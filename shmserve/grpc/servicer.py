@@ -56,7 +56,8 @@ class InferenceServicer:
         return proto.ServerReadyResponse(ready=self.dp.server_ready())
 
     async def ModelReady(self, request):
-        return proto.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+        return proto.ModelReadyResponse(
+            ready=await self.dp.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request):
         return proto.ServerMetadataResponse(**self.dp.server_metadata())
@@ -84,8 +85,45 @@ class InferenceServicer:
 
     async def RepositoryIndex(self, request):
         resp = proto.RepositoryIndexResponse()
-        for entry in self.dp.repository_index(request.ready):
+        for entry in self.dp.repository_index(request.ready, request.repository_name):
             resp.models.add(**entry)
+        return resp
+
+    async def RepositoryModelLoad(self, request):
+        """`config` (string_param): a ModelConfig as JSON; `file:<version>/<name>`
+        (bytes_param): a file of the model directory to load from."""
+        params = request.parameters
+        config = params["config"].string_param if "config" in params else None
+        files = {key: value.bytes_param for key, value in params.items()
+                 if key.startswith("file:")}
+        await self.dp.load_model(request.model_name, config, files, request.repository_name)
+        return proto.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request):
+        params = request.parameters
+        unload_dependents = ("unload_dependents" in params
+                             and params["unload_dependents"].bool_param)
+        await self.dp.unload_model(request.model_name, unload_dependents,
+                                   request.repository_name)
+        return proto.RepositoryModelUnloadResponse()
+
+    async def LogSettings(self, request):
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            # A setting with no value fails the dataplane's type check, as in Triton.
+            changes[key] = getattr(value, choice) if choice else None
+        settings = (self.dp.update_log_settings(changes) if changes
+                    else self.dp.log_settings())
+        resp = proto.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = resp.settings[key]
+            if type(value) is bool:
+                entry.bool_param = value
+            elif type(value) is int:
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
         return resp
 
     async def SystemSharedMemoryStatus(self, request):

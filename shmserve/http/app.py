@@ -4,6 +4,8 @@ Transport only: routes decode, call the dataplane, and encode; no scheduling or 
 """
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
 
@@ -86,7 +88,7 @@ class HttpRoutes:
         return _json(self.dp.model_metadata(request.match_info["model"], _version(request)))
 
     async def model_ready(self, request):
-        if self.dp.model_ready(request.match_info["model"], _version(request)):
+        if await self.dp.model_ready(request.match_info["model"], _version(request)):
             return web.Response(status=200)
         return _error(400, "Model version not ready")
 
@@ -99,15 +101,44 @@ class HttpRoutes:
         stats = self.dp.model_statistics(name, _version(request))
         return _json({"model_stats": [stats_json(mv, s) for mv, s in stats]})
 
+    async def log_settings(self, request):
+        """GET: the log settings; POST: change the ones the body names, then the same."""
+        if request.method == "POST":
+            changes = await _json_body(request)
+            # Triton skips a setting whose value is null.
+            return _json(self.dp.update_log_settings(
+                {k: v for k, v in changes.items() if v is not None}))
+        return _json(self.dp.log_settings())
+
     async def repository_index(self, request):
-        body = await request.read()
-        ready = False
-        if body:
-            try:
-                ready = bool(orjson.loads(body).get("ready", False))
-            except (orjson.JSONDecodeError, AttributeError):
-                raise ServerError(Code.INVALID_ARG, "failed to parse the request JSON buffer") from None
-        return _json(self.dp.repository_index(ready))
+        ready = bool((await _json_body(request)).get("ready", False))
+        return _json(self.dp.repository_index(ready, request.match_info.get("repository", "")))
+
+    async def repository_load(self, request):
+        """`config`: a ModelConfig JSON string; `file:<version>/<name>`: base64 file content."""
+        params = (await _json_body(request)).get("parameters") or {}
+        config = params.get("config")
+        files = {}
+        for key, value in params.items():
+            if key.startswith("file:"):
+                try:
+                    files[key] = base64.b64decode(value, validate=True)
+                except (binascii.Error, TypeError, ValueError):
+                    raise ServerError(Code.INVALID_ARG,
+                                      f"unable to decode base64 content of '{key}'") from None
+        await self.dp.load_model(request.match_info["model"], config, files,
+                                 request.match_info.get("repository", ""))
+        return web.Response(status=200)
+
+    async def repository_unload(self, request):
+        params = (await _json_body(request)).get("parameters") or {}
+        unload_dependents = params.get("unload_dependents", False)
+        if not isinstance(unload_dependents, bool):
+            raise ServerError(Code.INVALID_ARG, "Unable to parse 'unload_dependents': "
+                                                "expected a boolean")
+        await self.dp.unload_model(request.match_info["model"], unload_dependents,
+                                   request.match_info.get("repository", ""))
+        return web.Response(status=200)
 
     async def infer(self, request: web.Request):
         header = request.headers.get(HEADER_LENGTH)
@@ -210,6 +241,20 @@ class HttpRoutes:
                                                 self.dp.signature(name, version))
 
 
+async def _json_body(request: web.Request) -> dict:
+    """The request's JSON object; {} for an empty body."""
+    body = await request.read()
+    if not body:
+        return {}
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise ServerError(Code.INVALID_ARG, "failed to parse the request JSON buffer")
+    return obj
+
+
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 RUNNER_OPTIONS = {
@@ -229,7 +274,12 @@ def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
     app.router.add_get("/v2/health/live", r.live)
     app.router.add_get("/v2/health/ready", r.ready)
     app.router.add_get("/v2/models/stats", r.model_stats)
-    app.router.add_post("/v2/repository/index", r.repository_index)
+    app.router.add_get("/v2/logging", r.log_settings)
+    app.router.add_post("/v2/logging", r.log_settings)
+    for repository in ("/v2/repository", "/v2/repository/{repository}"):
+        app.router.add_post(repository + "/index", r.repository_index)
+        app.router.add_post(repository + "/models/{model}/load", r.repository_load)
+        app.router.add_post(repository + "/models/{model}/unload", r.repository_unload)
     for prefix in (m, mv):
         app.router.add_get(prefix, r.model_metadata)
         app.router.add_get(prefix + "/ready", r.model_ready)

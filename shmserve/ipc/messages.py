@@ -33,7 +33,7 @@ OUTPUT_ARENA = 1  # written by the worker, read by the front
 CLIENT_REGION = 2  # an output the worker wrote into a client's region
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
- MAP_CUDA_REGION, UNMAP_REGION) = range(1, 12)
+ MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE) = range(1, 14)
 
 
 @dataclass(slots=True)
@@ -85,13 +85,39 @@ class Init:
 @dataclass(slots=True)
 class Ready:
     error: str = ""  # empty when the model initialized
+    # The model defines is_ready(): the front asks it (CheckReady) when readiness is queried.
+    readiness_hook: bool = False
 
     def to_wire(self) -> list:
-        return [READY, self.error]
+        return [READY, self.error, self.readiness_hook]
 
     @staticmethod
     def from_wire(w: list) -> "Ready":
-        return Ready(w[1])
+        return Ready(w[1], w[2])
+
+
+@dataclass(slots=True)
+class CheckReady:
+    """Asks the model's is_ready(); answered with ReadyState."""
+
+    def to_wire(self) -> list:
+        return [CHECK_READY]
+
+    @staticmethod
+    def from_wire(w: list) -> "CheckReady":
+        return CheckReady()
+
+
+@dataclass(slots=True)
+class ReadyState:
+    ready: bool
+
+    def to_wire(self) -> list:
+        return [READY_STATE, self.ready]
+
+    @staticmethod
+    def from_wire(w: list) -> "ReadyState":
+        return ReadyState(w[1])
 
 
 @dataclass(slots=True)
@@ -272,7 +298,7 @@ class Bye:
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
            SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
            MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
-           UNMAP_REGION: UnmapRegion}
+           UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState}
 
 
 def from_wire(w: list) -> Any:

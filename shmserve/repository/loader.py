@@ -2,9 +2,15 @@
 
 A model whose config is bad, or whose instances fail to start, becomes UNAVAILABLE with a
 readable reason; the rest of the repository loads regardless.
+
+Loading a model that is already loaded (a reload) brings the new versions up beside the
+serving ones and swaps them into the registry in one step; the versions replaced are handed
+back, for the caller to drain and stop (see manager.py). A version that fails to reload keeps
+its serving predecessor, and a config that fails to read keeps the model as it was.
 """
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -16,11 +22,12 @@ from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import WorkerHandle
-from shmserve.errors import Code, ServerError
+from shmserve.errors import ServerError, invalid_arg
 from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import scan_repository, select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
+from shmserve.scheduling.ensemble import ENSEMBLE_PLATFORM, EnsemblePlan, EnsembleScheduler
 from shmserve.scheduling.sequence import SequenceBatcher
 from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
@@ -38,54 +45,141 @@ def gpu_count() -> int:
 
 class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
-                 on_instance_exit=None, on_pool_ready=None, disable_auto_complete=False):
+                 on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
+                 disable_auto_complete=False):
         self.registry = registry
         self.repository = os.path.abspath(repository)
         self._config_name = config_name
         self._gpus = gpu_count()
         self._on_instance_exit = on_instance_exit
         self._on_pool_ready = on_pool_ready
+        self._on_pool_stopped = on_pool_stopped
         self._auto_complete = not disable_auto_complete
+        # Runs an ensemble's steps (DataPlane.run_step); set by the server.
+        self.step_runner = None
 
     async def load_all(self, names=None) -> None:
         entries = scan_repository(self.repository)
         if names is not None:
             entries = [e for e in entries if e.name in names]
-        await asyncio.gather(*(self.load_model(e) for e in entries))
+        # Ensembles load after the models they use: checking one needs its steps' configs.
+        steps = {e.name: self.ensemble_steps(e) for e in entries}
+        await asyncio.gather(*(self.load_model(e) for e in entries if steps[e.name] is None))
+        pending = [e for e in entries if steps[e.name] is not None]
+        while pending:
+            waiting = {e.name for e in pending}
+            now = [e for e in pending if not steps[e.name] & waiting]
+            if not now:
+                for e in pending:
+                    self.registry.record(e.name).reason = (
+                        f"circular dependency between ensembles: {', '.join(sorted(waiting))}")
+                    log.error("model '%s' is unavailable: its steps use ensembles in a cycle",
+                              e.name)
+                return
+            await asyncio.gather(*(self.load_model(e) for e in now))
+            pending = [e for e in pending if e not in now]
 
-    async def load_model(self, entry) -> None:
+    def ensemble_steps(self, entry, config=None):
+        """The models an ensemble's steps use (its config: `config`, or its config file);
+        None for a model that is not an ensemble (or whose config cannot be read, which
+        load_model reports)."""
+        if config is None:
+            try:
+                config = read_model_config(entry.path, self._config_name, autofill=True)
+            except ServerError:
+                return None
+        if config.platform != ENSEMBLE_PLATFORM:
+            return None
+        return {step.model_name for step in config.ensemble_scheduling.step}
+
+    async def load_model(self, entry, config=None) -> tuple[str, list]:
+        """Load or reload the model of `entry`, configured by its config file or by `config`
+        (a ModelConfig that replaces the file). Returns why it failed ("" when every version
+        its policy selects is ready) and the versions the registry no longer routes to."""
         rec = self.registry.record(entry.name)
+        plan = None
         try:
-            # Without auto-complete, Triton requires every model to have a config file.
-            config = read_model_config(entry.path, self._config_name,
-                                       autofill=self._auto_complete)
-            if self._auto_complete:
-                config = await complete_model_config(entry, config)
-            if self._gpus == 0:
-                _run_gpu_groups_on_cpu(config, entry.name)
-            config = normalize_config(config, entry.name, self._gpus)
-            if config.platform == "ensemble":
-                raise ServerError(Code.UNSUPPORTED, "ensemble models are not supported yet")
+            config = await self._model_config(entry, config)
+            if config.platform == ENSEMBLE_PLATFORM:
+                plan = EnsemblePlan.build(config, functools.partial(self._step_config,
+                                                                    entry.name))
+                # As Triton: an ensemble with a decoupled step is decoupled.
+                config.model_transaction_policy.decoupled = plan.decoupled
         except ServerError as exc:
-            rec.reason = exc.message
             log.error("model '%s' is unavailable: %s", entry.name, exc.message)
-            return
+            if not any(v.ready for v in rec.versions.values()):
+                rec.reason = exc.message
+            return exc.message, []
         rec.reason = ""
-        policy = config.version_policy
-        to_load, missing = select_versions(policy, entry.versions)
+        to_load, missing = select_versions(config.version_policy, entry.versions)
         for v in missing:
             log.warning("model '%s' version %d is requested by its version policy but absent",
                         entry.name, v)
-        await asyncio.gather(*(self._load_version(rec, entry, config, v) for v in to_load))
+        if plan is not None:
+            loaded = [self._ensemble_version(entry, config, plan, v) for v in to_load]
+        else:
+            loaded = await asyncio.gather(*(self._load_version(rec, entry, config, v)
+                                            for v in to_load))
+        retired = _install(rec, loaded)
+        failures = [f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
+                    for mv in loaded if not mv.ready]
+        if not loaded:
+            failures.append("no version is available")
+        return "; ".join(failures), retired
 
-    async def _load_version(self, rec, entry, config, version: int) -> None:
+    async def _model_config(self, entry, config):
+        if config is None:
+            # Without auto-complete, Triton requires every model to have a config file.
+            config = read_model_config(entry.path, self._config_name,
+                                       autofill=self._auto_complete)
+        if self._auto_complete:
+            config = await complete_model_config(entry, config)
+        if self._gpus == 0:
+            _run_gpu_groups_on_cpu(config, entry.name)
+        return normalize_config(config, entry.name, self._gpus)
+
+    def _step_config(self, ensemble: str, name: str, version: int):
+        """The config of the model an ensemble step uses, in Triton's words when it has no
+        ready version (that version, for a step that names one)."""
+        rec = self.registry.models.get(name)
+        if rec is None:
+            raise invalid_arg(f"ensemble {ensemble} contains models that are not available or "
+                              f"ambiguous: {name}")
+        ready = {mv.version: mv for mv in rec.versions.values() if mv.ready}
+        if not ready:
+            why = rec.reason or next((mv.reason for mv in rec.versions.values() if mv.reason),
+                                     "")
+            raise invalid_arg(f"ensemble '{ensemble}' depends on '{name}' which has no loaded "
+                              f"version" + (f". Model '{name}' loading failed with error: {why}"
+                                            if why else ""))
+        if version < 0:
+            return ready[max(ready)].config
+        if version not in ready:
+            raise invalid_arg(f"ensemble '{ensemble}' depends on '{name}' whose required "
+                              f"version {version} is not loaded.")
+        return ready[version].config
+
+    def _ensemble_version(self, entry, config, plan, version: int) -> reg.ModelVersion:
+        """An ensemble's version: no instances, only a scheduler that runs its steps."""
+        mv = reg.ModelVersion(
+            name=entry.name, version=version, config=config,
+            config_json=config_to_json(config), signature=ModelSignature.from_config(config),
+            platform=ENSEMBLE_PLATFORM)
+        mv.scheduler = EnsembleScheduler(plan, self.step_runner, mv.stats)
+        mv.state = reg.READY
+        log.info("ensemble '%s' version %d is ready (steps: %s)", entry.name, version,
+                 ", ".join(step.model_name for step in plan.steps))
+        return mv
+
+    async def _load_version(self, rec, entry, config, version: int) -> reg.ModelVersion:
         started = time.monotonic()
         config_json = config_to_json(config)
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config, config_json=config_json,
             signature=ModelSignature.from_config(config),
             platform=config.platform or config.backend)
-        rec.versions[version] = mv
+        # A new version shows as LOADING; a reloaded one keeps serving until the swap.
+        rec.versions.setdefault(version, mv)
         workers = []
         for group in config.instance_group:
             kind = _kind_name(group)
@@ -115,7 +209,7 @@ class Loader:
             mv.state = reg.UNAVAILABLE
             mv.reason = err.message if isinstance(err, ServerError) else f"{type(err).__name__}: {err}"
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
-            return
+            return mv
         mv.pool = pool
         if self._on_pool_ready is not None:
             self._on_pool_ready(pool)
@@ -123,20 +217,53 @@ class Loader:
         mv.load_seconds = time.monotonic() - started
         log.info("model '%s' version %d is ready (%d instance(s), %.2fs)", entry.name, version,
                  len(workers), mv.load_seconds)
+        return mv
 
-    async def unload_all(self) -> None:
+    async def stop_versions(self, versions) -> None:
+        """Stop the workers of versions that no longer take requests; they become
+        UNAVAILABLE, reason "unloaded", as Triton shows unloaded versions."""
         stops = []
-        for mv in self.registry.all_versions():
+        for mv in versions:
             mv.state = reg.UNLOADING
             if mv.scheduler is not None:
                 mv.scheduler.close()
             if mv.pool is not None:
+                if self._on_pool_stopped is not None:
+                    self._on_pool_stopped(mv.pool)
                 mv.pool.close()
                 stops.extend(w.stop() for w in mv.pool.instances)
         await asyncio.gather(*stops)
-        for mv in self.registry.all_versions():
+        for mv in versions:
             mv.state = reg.UNAVAILABLE
-            mv.reason = "unloaded"
+            mv.reason = reg.UNLOADED
+            mv.pool = None
+            mv.scheduler = None
+
+    async def unload_all(self) -> None:
+        await self.stop_versions(list(self.registry.all_versions()))
+
+
+def _install(rec, loaded: list) -> list:
+    """Put the freshly loaded versions in the registry in one step; returns the versions
+    that were serving and are not any more, marked UNLOADING."""
+    old = rec.versions
+    new = {}
+    for mv in loaded:
+        previous = old.get(mv.version)
+        if not mv.ready and previous is not None and previous is not mv and previous.ready:
+            new[mv.version] = previous  # a failed reload keeps the version that serves
+        else:
+            new[mv.version] = mv
+    for version, mv in old.items():
+        if version not in new:  # no longer selected: listed until it is unloaded
+            new[version] = mv
+    selected = {mv.version for mv in loaded}
+    retired = [mv for mv in old.values() if mv.scheduler is not None
+               and (mv.version not in selected or new[mv.version] is not mv)]
+    for mv in retired:
+        mv.state = reg.UNLOADING
+    rec.versions = new
+    return retired
 
 
 def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: int):

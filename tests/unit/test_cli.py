@@ -44,3 +44,61 @@ def test_auto_complete_switches():
     assert parse_options(["--model-repository=/r", "--disable-auto-complete-config"])[0].disable_auto_complete
     assert parse_options(["--model-repository=/r", "--strict-model-config=true"])[0].disable_auto_complete
     assert not parse_options(["--model-repository=/r"])[0].disable_auto_complete
+
+
+def test_metrics_flags():
+    opts, _ = parse_options(["--model-repository=/r"])
+    assert opts.allow_gpu_metrics and opts.allow_cpu_metrics and opts.metrics_interval_ms == 2000
+    opts, _ = parse_options(["--model-repository=/r", "--allow-gpu-metrics=false",
+                             "--allow-cpu-metrics", "0", "--metrics-interval-ms=500"])
+    assert not opts.allow_gpu_metrics and not opts.allow_cpu_metrics
+    assert opts.metrics_interval_ms == 500
+
+
+def test_model_instance_timeout():
+    assert parse_options(["--model-repository=/r"])[0].model_instance_timeout_secs == 0
+    opts, _ = parse_options(["--model-repository=/r", "--model-instance-timeout-secs=2.5"])
+    assert opts.model_instance_timeout_secs == 2.5
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
+def test_model_instance_timeout_refuses_what_is_not_seconds(value, capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model-repository=/r", f"--model-instance-timeout-secs={value}"])
+    assert "expected a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_log_flags():
+    from shmserve.cli import log_settings
+    settings = log_settings(parse_options(["--model-repository=/r"])[1])
+    assert settings.as_dict() == {"log_file": "", "log_info": True, "log_warning": True,
+                                  "log_error": True, "log_verbose_level": 0,
+                                  "log_format": "default"}
+    settings = log_settings(parse_options([
+        "--model-repository=/r", "--log-verbose=2", "--log-info=false", "--log-warning", "0",
+        "--log-format=json", "--log-file=/tmp/x.log"])[1])
+    assert settings.as_dict() == {"log_file": "/tmp/x.log", "log_info": False,
+                                  "log_warning": False, "log_error": True,
+                                  "log_verbose_level": 2, "log_format": "json"}
+    assert log_settings(parse_options(["--model-repository=/r", "--log-verbose=-3"])[1]
+                        ).log_verbose_level == 0
+
+
+def test_log_format_choices(capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model-repository=/r", "--log-format=xml"])
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_model_control_flags():
+    opts, _ = parse_options(["--model-repository=/r"])
+    assert opts.model_control_mode == "none" and opts.repository_poll_secs == 15
+    opts, _ = parse_options(["--model-repository=/r", "--model-control-mode=poll",
+                             "--repository-poll-secs=2"])
+    assert opts.model_control_mode == "poll" and opts.repository_poll_secs == 2
+
+
+def test_repository_poll_secs_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model-repository=/r", "--repository-poll-secs=0"])
+    assert "expected a positive integer" in capsys.readouterr().err

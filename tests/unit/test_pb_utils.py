@@ -3,7 +3,6 @@ responses, senders, errors, logging, metrics and the auto-complete ModelConfig."
 
 import json
 import logging
-import re
 
 import numpy as np
 import pytest
@@ -410,24 +409,30 @@ def test_model_config_scheduler_and_decoupled_conflicts():
 # --- Logger -----------------------------------------------------------------------------------
 
 
-def test_logger_writes_to_stderr_with_instance_name(capsys):
+def test_logger_keeps_the_level_and_the_models_call_site():
+    # The worker's root handler takes the records to the server log (workers/__main__.py).
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
     logger = logging.getLogger(pb_utils.LOGGER_NAME)
-    pb_utils._set_model_context(model_dir="/models/m/1", instance_name="m_0_0")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     try:
         pb_utils.Logger.log_info("hello")
         pb_utils.Logger.log_warn("careful")
-        pb_utils.Logger.log("bad", pb_utils.Logger.ERROR)
-        pb_utils.Logger.log_verbose("hidden by default")
-        logger.setLevel(logging.DEBUG)
+        pb_utils.Logger.log_error("bad")
+        pb_utils.Logger.log_verbose("detail")
+        pb_utils.Logger.log("default level")
         pb_utils.Logger.log("shown", level=pb_utils.Logger.VERBOSE)
     finally:
-        logger.setLevel(logging.INFO)
-    lines = capsys.readouterr().err.splitlines()
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.INFO, "hello"), (logging.WARNING, "careful"), (logging.ERROR, "bad"),
+        (logging.DEBUG, "detail"), (logging.INFO, "default level"), (logging.DEBUG, "shown")]
     # The location is the model's call site, not this module.
-    expected = [("INFO", "hello"), ("WARNING", "careful"), ("ERROR", "bad"), ("DEBUG", "shown")]
-    assert len(lines) == len(expected)
-    for line, (level, message) in zip(lines, expected):
-        assert re.fullmatch(rf"{level} m_0_0 test_pb_utils\.py:\d+\] {message}", line), line
+    assert {r.filename for r in records} == {"test_pb_utils.py"}
+    pb_utils._set_model_context(model_dir="/models/m/1")
     assert pb_utils.get_model_dir() == "/models/m/1"
 
 

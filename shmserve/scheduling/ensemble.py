@@ -1,0 +1,658 @@
+"""Ensembles (`platform: "ensemble"`): a DAG of steps, each a request to another model, run by
+the front.
+
+`EnsemblePlan.build` validates the steps once, at load (Triton's messages), and keeps what a
+request needs. `EnsembleScheduler.submit` runs one request: a step starts as soon as every
+ensemble tensor it maps has a value, and each value goes to the steps that use it and, for an
+ensemble output, into the response.
+
+Intermediate tensors travel by reference: a step's output in its instance's output arena is
+handed to the next step as a RegionSlice of that arena (WorkResponse.arena), which the next
+instance maps and reads in place; the front never copies it. The arena slots go back once
+every step (and the response) that uses any output of that step response is done. Outputs
+small enough to come back inline travel inline again.
+
+A decoupled step feeds its downstream steps once per response: values are numbered per tensor
+(iteration 0, 1, ...), and a step runs for iteration i once all its inputs have an i-th value,
+as in Triton. Such an ensemble is decoupled itself: each complete set of requested outputs is
+one response on the request's ResponseStream, and the final flag comes alone once no step is
+left. The first step that fails fails the request with its message ("in ensemble 'name', ..."),
+and the steps still running are cancelled.
+
+Steps run through an injected `run_step(request, output_regions, timings)` (the dataplane's),
+which looks the step's model up at request time (so a reloaded model serves the next request),
+validates and counts it as a direct request to that model, and yields (WorkResponse, final).
+"""
+
+import asyncio
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from shmserve.config.normalize import ENSEMBLE_PLATFORM, WILDCARD_DIM
+from shmserve.dispatch.worker import BatchTimings, WorkOutput, WorkResponse
+from shmserve.errors import Code, ServerError, invalid_arg
+from shmserve.inference import InferRequest, InputTensor, RequestedOutput
+from shmserve.ipc import datatypes
+from shmserve.proto import DataType
+from shmserve.shared_memory import RegionSlice
+
+__all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "EnsembleScheduler"]
+
+
+@dataclass(slots=True)
+class Step:
+    index: int
+    model_name: str
+    model_version: str  # "" for the latest ready version (-1 in the config)
+    input_map: dict  # model input -> ensemble tensor
+    output_map: dict  # model output -> ensemble tensor
+    batching: bool
+    input_dims: dict  # model input -> dims in the model's config (without the batch dim)
+    decoupled: bool
+
+
+@dataclass
+class EnsemblePlan:
+    name: str
+    batching: bool
+    steps: list  # of Step
+    inputs: tuple  # ensemble input names
+    output_dims: dict  # ensemble output -> dims in the ensemble's config
+    producer: dict  # tensor -> index of the step that writes it
+    consumers: dict  # tensor -> indexes of the steps that read it
+    decoupled: bool
+    max_inflight: int = 0
+    # requested outputs -> (the steps they need, each tensor's number of uses)
+    _pruned: dict = field(default_factory=dict)
+
+    @property
+    def composing_models(self) -> frozenset:
+        return frozenset(step.model_name for step in self.steps)
+
+    @staticmethod
+    def build(config, step_config: Callable) -> "EnsemblePlan":
+        """Validate the ensemble `config`; `step_config(model_name, version)` gives the config
+        of a step's model (version -1: the latest) or raises why it cannot. INVALID_ARG with
+        Triton's message for an ensemble that cannot run."""
+        name = config.name
+        _graph(config)
+        batching = config.max_batch_size > 0
+        shapes = {}  # tensor -> (data type, dims, full dims, model it is inferred from)
+        for t in config.input:
+            dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+            shapes[t.name] = _node(t.data_type, dims, batching, name)
+        for t in config.output:
+            dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+            shapes[t.name] = _node(t.data_type, dims, batching, name)
+        plan_steps = []
+        for index, step in enumerate(config.ensemble_scheduling.step):
+            model = step_config(step.model_name, step.model_version)
+            plan_steps.append(_check_step(name, config.max_batch_size, index, step, model,
+                                          shapes))
+        decoupled = _decoupled_flow(name, config, plan_steps)
+        producer = {}
+        consumers = {}
+        for s in plan_steps:
+            for tensor in s.output_map.values():
+                producer[tensor] = s.index
+            for tensor in dict.fromkeys(s.input_map.values()):
+                consumers.setdefault(tensor, []).append(s.index)
+        return EnsemblePlan(
+            name=name, batching=batching, steps=plan_steps,
+            inputs=tuple(t.name for t in config.input),
+            output_dims={t.name: list(t.reshape.shape) if t.HasField("reshape")
+                         else list(t.dims) for t in config.output},
+            producer=producer, consumers={k: tuple(v) for k, v in consumers.items()},
+            decoupled=decoupled,
+            max_inflight=config.ensemble_scheduling.max_inflight_requests)
+
+    def pruned(self, requested: tuple) -> tuple:
+        """(indexes of the steps the requested outputs need, uses of each tensor by those
+        steps and by the response); as Triton, steps no requested output needs do not run."""
+        found = self._pruned.get(requested)
+        if found is not None:
+            return found
+        needed = set()
+        todo = [self.producer[t] for t in requested if t in self.producer]
+        while todo:
+            index = todo.pop()
+            if index in needed:
+                continue
+            needed.add(index)
+            todo.extend(self.producer[t] for t in self.steps[index].input_map.values()
+                        if t in self.producer)
+        uses = dict.fromkeys(requested, 1)
+        for tensor, readers in self.consumers.items():
+            uses[tensor] = uses.get(tensor, 0) + sum(1 for i in readers if i in needed)
+        found = self._pruned[requested] = (frozenset(needed), uses)
+        return found
+
+
+def _graph(config) -> None:
+    """Triton's checks of the dataflow alone (no step model needed)."""
+    name = config.name
+    steps = config.ensemble_scheduling.step
+    if not steps:
+        raise invalid_arg(f"must specify 'step' for ensemble '{name}'")
+    inputs = {t.name for t in config.input}
+    written = {}  # tensor -> step index
+    for index, step in enumerate(steps):
+        for field_name in ("model_name", "input_map", "output_map"):
+            if not getattr(step, field_name):
+                raise invalid_arg(f"must specify '{field_name}' in step {index} of ensemble "
+                                  f"'{name}'")
+        for tensor in step.output_map.values():
+            if tensor in written or tensor in inputs:
+                raise invalid_arg(f"ensemble tensor '{tensor}' can appear in an output map only "
+                                  f"once for ensemble '{name}' step {index}"
+                                  + (" (it is an ensemble input)" if tensor in inputs else ""))
+            written[tensor] = index
+    _check_acyclic(name, steps, written)
+    read = {t for step in steps for t in step.input_map.values()}
+    for t in config.input:
+        if t.name not in read:
+            raise invalid_arg(f"ensemble input '{t.name}' for ensemble '{name}' is not used")
+    ready = _flow(steps, inputs)
+    outputs = set()
+    for t in config.output:
+        if t.name not in read and t.name not in written:
+            raise invalid_arg(f"ensemble output '{t.name}' for ensemble '{name}' is not used")
+        if t.name not in ready:
+            raise invalid_arg(f"output '{t.name}' for ensemble '{name}' is not written")
+        outputs.add(t.name)
+    for tensor in sorted(read | set(written)):
+        if tensor not in outputs and (tensor not in ready or tensor not in read):
+            raise invalid_arg(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
+
+
+def _check_acyclic(name: str, steps, written: dict) -> None:
+    after = {i: {written[t] for t in step.input_map.values() if t in written}
+             for i, step in enumerate(steps)}  # step -> the steps it waits for
+    state = {}  # step -> 1 while on the path, 2 when done
+
+    def visit(index, path):
+        state[index] = 1
+        for before in sorted(after[index]):
+            if state.get(before) == 1:
+                cycle = path[path.index(before):] + [before]
+                raise invalid_arg(f"ensemble '{name}' has a cycle: " + " -> ".join(
+                    f"step {i} ('{steps[i].model_name}')" for i in cycle))
+            if before not in state:
+                visit(before, path + [before])
+        state[index] = 2
+
+    for index in range(len(steps)):
+        if index not in state:
+            visit(index, [index])
+
+
+def _flow(steps, inputs: set) -> set:
+    """The tensors that get a value when every ensemble input has one."""
+    ready = set(inputs)
+    pending = list(steps)
+    progress = True
+    while progress:
+        progress = False
+        for step in list(pending):
+            if all(t in ready for t in step.input_map.values()):
+                ready.update(step.output_map.values())
+                pending.remove(step)
+                progress = True
+    return ready
+
+
+@dataclass(slots=True)
+class _Node:
+    data_type: int
+    dims: list
+    full_dims: list
+    model: str
+
+
+def _node(data_type: int, dims: list, batching: bool, model: str) -> _Node:
+    return _Node(data_type, dims, ([WILDCARD_DIM] if batching else []) + dims, model)
+
+
+def _check_step(ensemble: str, max_batch_size: int, index: int, step, model,
+                shapes: dict) -> Step:
+    """Triton's ValidateTensorMapping: the step's maps against its model's config."""
+    where = f"in ensemble {ensemble}"
+    step_name = step.model_name
+    if model.max_batch_size != 0 and model.max_batch_size < max_batch_size:
+        raise invalid_arg(f"ensemble {ensemble} allows maximum batch size {max_batch_size}, "
+                          f"but it contains model {step_name} which only allows maximum batch "
+                          f"size to be {model.max_batch_size}")
+    batching = model.max_batch_size > 0
+    model_inputs = {t.name: t for t in model.input}
+    for model_input, tensor in step.input_map.items():
+        if model_input not in model_inputs:
+            raise invalid_arg(f"{where}, ensemble tensor {tensor} is mapping to non-existing "
+                              f"input {model_input} in model {step_name}")
+    for t in model.input:
+        tensor = step.input_map.get(t.name)
+        if tensor is None:
+            if t.optional:
+                continue
+            raise invalid_arg(f"{where}, input {t.name} in model {step_name} is not mapped to "
+                              f"any ensemble tensors")
+        _agree(where, tensor, shapes, _node(t.data_type, list(t.dims), batching, step_name))
+    model_outputs = {t.name: t for t in model.output}
+    for model_output, tensor in step.output_map.items():
+        t = model_outputs.get(model_output)
+        if t is None:
+            raise invalid_arg(f"{where}, ensemble tensor {tensor} is mapped from non-existing "
+                              f"output {model_output} in model {step_name}")
+        _agree(where, tensor, shapes, _node(t.data_type, list(t.dims), batching, step_name))
+    return Step(index=index, model_name=step_name,
+                model_version="" if step.model_version < 0 else str(step.model_version),
+                input_map=dict(step.input_map), output_map=dict(step.output_map),
+                batching=batching, input_dims={t.name: list(t.dims) for t in model.input},
+                decoupled=model.model_transaction_policy.decoupled)
+
+
+def _agree(where: str, tensor: str, shapes: dict, node: _Node) -> None:
+    known = shapes.get(tensor)
+    if known is None:
+        shapes[tensor] = node
+        return
+    if known.data_type != node.data_type:
+        raise invalid_arg(f"{where}, ensemble tensor {tensor}: inconsistent data type: "
+                          f"{DataType.Name(known.data_type)} is inferred from model "
+                          f"{known.model} while {DataType.Name(node.data_type)} is inferred "
+                          f"from model {node.model}")
+    # A tensor may pass between a batching and a non-batching model when the full shapes
+    # (batch dimension included) agree.
+    if not (_dims_agree(known.dims, node.dims) or _dims_agree(known.full_dims, node.full_dims)):
+        raise invalid_arg(f"{where}, ensemble tensor {tensor}: inconsistent shape: "
+                          f"{_fmt(known.full_dims)} is inferred from model {known.model} while "
+                          f"{_fmt(node.full_dims)} is inferred from model {node.model}")
+
+
+def _dims_agree(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x == y or WILDCARD_DIM in (x, y) for x, y in zip(a, b))
+
+
+def _decoupled_flow(name: str, config, steps: list) -> bool:
+    """Whether the ensemble is decoupled (a step is); a step may not take inputs that come
+    from different decoupled steps (their responses could not be paired)."""
+    label = dict.fromkeys((t.name for t in config.input), 0)  # tensor -> decoupled origin
+    labels = 0
+    pending = list(steps)
+    while pending:
+        for step in list(pending):
+            tensors = list(step.input_map.values())
+            if not all(t in label for t in tensors):
+                continue
+            origins = {label[t] for t in tensors}
+            if len(origins) > 1:
+                raise invalid_arg(f"in ensemble {name}, step of model '{step.model_name}' "
+                                  f"receives inputs originated from different decoupled models")
+            origin = origins.pop()
+            if step.decoupled:
+                labels += 1
+                origin = labels
+            for t in step.output_map.values():
+                label[t] = origin
+            pending.remove(step)
+    return labels > 0
+
+
+def _fmt(dims) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+# -- running requests --------------------------------------------------------------------
+
+
+class EnsembleScheduler:
+    def __init__(self, plan: EnsemblePlan, run_step: Callable, stats):
+        self.plan = plan
+        self._run_step = run_step
+        self._stats = stats
+        # Triton's max_inflight_requests: at most that many requests at each step, across
+        # requests; a producer waits for room before it hands a value on.
+        self._limits = ([asyncio.Semaphore(plan.max_inflight) for _ in plan.steps]
+                        if plan.max_inflight > 0 else None)
+        self._closed = False
+
+    @property
+    def composing_models(self) -> frozenset:
+        return self.plan.composing_models
+
+    async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
+        """Run one request through the steps: (WorkResponse, BatchTimings, queue ns). The
+        timings add up the compute times of its steps; an ensemble has no queue of its own.
+        A decoupled ensemble's responses go to `work.stream`; the WorkResponse returned is
+        then empty."""
+        if self._closed:
+            raise ServerError(Code.UNAVAILABLE, f"ensemble '{self.plan.name}' is unloading")
+        run = _Run(self.plan, self._run_step, self._limits, work, batch_size, priority,
+                   timeout_us)
+        response = await run.execute()
+        self._stats.record_execution(batch_size, run.timings)
+        return response, run.timings, 0
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class _Held:
+    """A step response whose outputs are in use: its output-arena slots go back when the
+    last user (a value not yet handed on, a step reading it, the response) is done."""
+
+    __slots__ = ("release", "users")
+
+    def __init__(self, release):
+        self.release = release
+        self.users = 1  # the caller's, until it has handed the outputs out
+
+    def drop(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            release, self.release = self.release, None
+            release()
+
+
+@dataclass(slots=True)
+class _Value:
+    datatype: str
+    shape: list
+    data: object  # bytes or memoryview, b"" for an output in a client's region, None: absent
+    ref: Optional[RegionSlice]  # where a next step reads it in place, if not inline
+    batch_size: int  # 0 when it comes from a model that does not batch
+    held: Optional[_Held]
+    uses: int = 0  # steps (and the response) that still have to take it
+
+
+class _Run:
+    """One request through the ensemble."""
+
+    def __init__(self, plan: EnsemblePlan, run_step, limits, work, batch_size: int,
+                 priority: int, timeout_us: int):
+        self.plan = plan
+        self.run_step = run_step
+        self.limits = limits
+        self.work = work
+        self.batch_size = batch_size
+        self.requested = tuple(work.requested_outputs)
+        self.needed, self.uses = plan.pruned(self.requested)
+        self.values: dict = {}  # tensor -> {iteration: _Value}
+        self.counts: dict = {}  # tensor -> values it has had
+        self.launched: set = set()  # (step index, iteration)
+        self.tasks: set = set()
+        self.starting = True  # steps that end while the first ones start do not end it
+        self.timings = BatchTimings()
+        self.done = asyncio.get_running_loop().create_future()
+        # Ensemble outputs the client wants in its region are written there by their step.
+        self.regions: dict = {}  # step index -> {model output: RegionSlice}
+        for tensor, piece in work.output_regions.items():
+            step = plan.steps[plan.producer[tensor]]
+            model_output = next(o for o, t in step.output_map.items() if t == tensor)
+            self.regions.setdefault(step.index, {})[model_output] = piece
+        self.parameters = _step_parameters(work, priority, timeout_us)
+
+    async def execute(self) -> WorkResponse:
+        try:
+            given = {t.name: t for t in self.work.inputs}
+            updated = []
+            batch = self.batch_size if self.plan.batching else 0
+            for name in self.plan.inputs:
+                t = given.get(name)
+                value = (_Value(t.datatype, t.shape, t.data, _as_ref(t.data), batch, None)
+                         if t is not None else _Value("", [], None, None, 0, None))
+                updated.append((name, self._put(name, value)))
+            await self._advance(updated)
+            self.starting = False
+            if not self.tasks:
+                self._finish()
+            return await self.done
+        except BaseException:
+            self._abort()
+            raise
+
+    def _put(self, tensor: str, value: _Value) -> int:
+        iteration = self.counts.get(tensor, 0)
+        self.counts[tensor] = iteration + 1
+        value.uses = self.uses.get(tensor, 0)
+        if value.uses:
+            self.values.setdefault(tensor, {})[iteration] = value
+            if value.held is not None:
+                value.held.users += 1
+        return iteration
+
+    async def _advance(self, updated: list) -> None:
+        """Start the steps that the values just put made ready; answer when a decoupled
+        ensemble has a complete set of outputs."""
+        steps = self.plan.steps
+        values = self.values
+        ready = []
+        for tensor, iteration in updated:
+            for index in self.plan.consumers.get(tensor, ()):
+                if index not in self.needed or (index, iteration) in self.launched:
+                    continue
+                if all(iteration in values.get(t, ()) for t in steps[index].input_map.values()):
+                    self.launched.add((index, iteration))
+                    ready.append((index, iteration))
+        for index, iteration in ready:
+            await self._launch(steps[index], iteration)
+        if self.work.stream is not None:
+            for tensor, iteration in updated:
+                if tensor in self.requested and self._complete(iteration):
+                    self.work.stream.push(self._response(iteration), False)
+
+    def _take(self, tensor: str, iteration: int) -> _Value:
+        """A value for one of its users; it leaves the table with the last one."""
+        per = self.values[tensor]
+        value = per[iteration]
+        value.uses -= 1
+        if value.uses == 0:
+            del per[iteration]
+            if value.held is not None:
+                value.held.drop()
+        return value
+
+    async def _launch(self, step: Step, iteration: int) -> None:
+        values = {t: self.values[t][iteration] for t in step.input_map.values()}
+        held = []
+        for value in values.values():
+            if value.held is not None and value.held not in held:
+                value.held.users += 1
+                held.append(value.held)
+        for tensor in values:
+            self._take(tensor, iteration)
+        inputs = []
+        batch = 0
+        for model_input, tensor in step.input_map.items():
+            value = values[tensor]
+            if value.data is None:
+                continue  # an optional ensemble input the request left out
+            shape = _fit_shape(value.shape, value.batch_size, step.batching,
+                               step.input_dims[model_input])
+            if step.batching and not batch and shape:
+                batch = shape[0]
+            inputs.append(InputTensor(model_input, value.datatype, shape,
+                                      value.ref if value.ref is not None else value.data))
+        limit = self.limits[step.index] if self.limits is not None else None
+        if limit is not None:
+            try:
+                await limit.acquire()
+            except BaseException:
+                _drop_all(held)
+                raise
+        request = InferRequest(step.model_name, step.model_version, self.work.request_id,
+                               self.parameters, inputs,
+                               [RequestedOutput(name) for name in step.output_map])
+        task = asyncio.ensure_future(self._step(step, request, batch, held, limit))
+        self.tasks.add(task)
+        task.add_done_callback(self._step_done)
+
+    async def _step(self, step: Step, request, batch: int, held: list, limit) -> None:
+        try:
+            responses = self.run_step(request, self.regions.get(step.index, {}), self.timings)
+            async with contextlib.aclosing(responses):
+                async for response, _ in responses:
+                    if response is None:
+                        continue
+                    if response.error is not None or self.done.done():
+                        _release(response)
+                        if response.error is not None:
+                            raise response.error
+                        continue
+                    await self._consume(step, response, batch)
+        except ServerError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug must fail the request, not leave it waiting
+            self._fail(ServerError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+        finally:
+            _drop_all(held)
+            if limit is not None:
+                limit.release()
+
+    async def _consume(self, step: Step, response: WorkResponse, batch: int) -> None:
+        held = _Held(response.release) if response.release is not None else None
+        try:
+            updated = []
+            targets = self.regions.get(step.index)
+            for o in response.outputs:
+                tensor = step.output_map.get(o.name)
+                if tensor is None:
+                    continue
+                if o.offset >= 0:
+                    ref = RegionSlice(response.arena, o.offset, len(o.data))
+                elif targets and o.name in targets:
+                    ref = _written(targets[o.name], o, tensor)
+                else:
+                    ref = None
+                value = _Value(o.datatype, o.shape, o.data, ref,
+                               batch if step.batching else 0, held)
+                updated.append((tensor, self._put(tensor, value)))
+        finally:
+            if held is not None:
+                held.drop()
+        await self._advance(updated)
+
+    def _step_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not self.tasks and not self.starting:
+            self._finish()
+
+    def _complete(self, iteration: int) -> bool:
+        return all(iteration in self.values.get(t, ()) for t in self.requested)
+
+    def _response(self, iteration: int) -> WorkResponse:
+        outputs = []
+        held = []
+        for name in self.requested:
+            value = self.values[name][iteration]
+            if value.held is not None and value.held not in held:
+                value.held.users += 1
+                held.append(value.held)
+            self._take(name, iteration)
+            shape = _fit_shape(value.shape, value.batch_size, self.plan.batching,
+                               self.plan.output_dims[name])
+            outputs.append(WorkOutput(name, value.datatype, shape, value.data))
+        release = functools.partial(_drop_all, held) if held else None
+        return WorkResponse(None, outputs, release=release)
+
+    def _finish(self) -> None:
+        """No step is left: answer (or end the stream) unless the request ended already."""
+        if self.done.done():
+            return
+        if self.work.stream is not None:
+            self.work.stream.push(None, True)
+            self.done.set_result(WorkResponse(None))
+        elif self._complete(0):
+            self.done.set_result(self._response(0))
+        else:
+            self.done.set_exception(ServerError(
+                Code.INVALID_ARG, f"in ensemble '{self.plan.name}', unexpected deadlock, at "
+                                  f"least one output is not set while no more ensemble steps "
+                                  f"can be made"))
+        self._clear()
+
+    def _fail(self, error: ServerError) -> None:
+        if self.done.done():
+            return
+        self.done.set_exception(ServerError(error.code, f"in ensemble '{self.plan.name}', "
+                                                        f"{error.message}"))
+        self._abort()
+
+    def _abort(self) -> None:
+        """The request ended early (a step failed, or its caller gave up): the steps still
+        running are cancelled, and every value let go."""
+        if not self.done.done():
+            self.done.cancel()
+        current = asyncio.current_task()
+        for task in self.tasks:
+            if task is not current:
+                task.cancel()
+        self._clear()
+
+    def _clear(self) -> None:
+        values, self.values = self.values, {}
+        for per in values.values():
+            for value in per.values():
+                if value.held is not None:
+                    value.held.drop()
+
+
+def _step_parameters(work, priority: int, timeout_us: int) -> dict:
+    """What each step's request carries of the ensemble's: its parameters, sequence and
+    scheduling options (Triton passes them all on)."""
+    params = dict(work.parameters)
+    if work.correlation_id:
+        params["sequence_id"] = work.correlation_id
+    if work.flags & _SEQUENCE_START:
+        params["sequence_start"] = True
+    if work.flags & _SEQUENCE_END:
+        params["sequence_end"] = True
+    if priority:
+        params["priority"] = priority
+    if timeout_us:
+        params["timeout"] = timeout_us
+    return params
+
+
+# The request flags of dataplane.SEQUENCE_START / SEQUENCE_END.
+_SEQUENCE_START = 1
+_SEQUENCE_END = 2
+
+
+def _as_ref(data) -> Optional[RegionSlice]:
+    return data if type(data) is RegionSlice else None
+
+
+def _written(target: RegionSlice, output: WorkOutput, tensor: str) -> RegionSlice:
+    """The part of a client's region that a step wrote an output into, for the steps that
+    read that output too."""
+    if output.datatype == "BYTES":
+        raise ServerError(Code.UNSUPPORTED, f"ensemble tensor '{tensor}' is a BYTES output the "
+                                            f"client asked into its shared memory, and a step "
+                                            f"reads it too: not supported")
+    nbytes = datatypes.element_count(output.shape) * datatypes.element_size(output.datatype)
+    return RegionSlice(target.region, target.offset, nbytes)
+
+
+def _fit_shape(shape: list, batch_size: int, batching: bool, dims: list) -> list:
+    """Triton's ReshapeTensorDims: a tensor between a batching and a non-batching model gains
+    a batch dimension of 1, or loses one of 1, where its shape says it must."""
+    if batching == (batch_size != 0):
+        return shape
+    if batching:
+        if _dims_agree(dims, shape):
+            return [1, *shape]
+    elif batch_size == 1 and not _dims_agree(dims, shape):
+        return shape[1:]
+    return shape
+
+
+def _drop_all(held: list) -> None:
+    for h in held:
+        h.drop()
+
+
+def _release(response: WorkResponse) -> None:
+    if response.release is not None:
+        response.release()

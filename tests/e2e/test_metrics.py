@@ -1,0 +1,130 @@
+"""The metrics endpoint of a real server: values move as requests succeed and fail, and every
+metric the Grafana dashboard and the autoscaler's adapter rule query is one the server exports."""
+
+import json
+import os
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, wait_for_models
+
+# Triton's GPU families (reference section 6): absent where the server sees no GPU.
+GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
+               "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"}
+
+
+def scrape(server) -> dict:
+    """{(sample name, sorted labels): value} of the server's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=5) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples, name, model, **labels):
+    key = tuple(sorted(dict(labels, model=model, version="1").items()))
+    return samples[(name, key)]
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    wait_for_models(server, ["identity_batch", "raiser"])
+    client = httpclient.InferenceServerClient(server.http_url)
+    yield client
+    client.close()
+
+
+def fp32(name, array):
+    tensor = httpclient.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def test_values_move_as_requests_are_served(server, http):
+    before = scrape(server)
+    for _ in range(3):  # batch size 3: the model's default scheduler runs each one alone
+        http.infer("identity_batch", [fp32("INPUT0", np.ones((3, 4), np.float32))])
+    wrong_type = httpclient.InferInput("INPUT0", [1, 4], "INT32")
+    wrong_type.set_data_from_numpy(np.ones((1, 4), np.int32))
+    with pytest.raises(InferenceServerException):
+        http.infer("identity_batch", [wrong_type])
+    with pytest.raises(InferenceServerException, match="raiser always fails"):
+        http.infer("raiser", [fp32("INPUT0", np.ones(4, np.float32))])
+    after = scrape(server)
+
+    def delta(name, model, **labels):
+        return value(after, name, model, **labels) - value(before, name, model, **labels)
+
+    m = "identity_batch"
+    assert delta("nv_inference_request_success", m) == 3
+    assert delta("nv_inference_count", m) == 9
+    assert delta("nv_inference_exec_count", m) == 3
+    assert delta("nv_inference_request_failure", m, reason="REJECTED") == 1
+    assert delta("nv_inference_request_failure", m, reason="BACKEND") == 0
+    assert delta("nv_inference_request_failure", "raiser", reason="BACKEND") == 1
+    assert delta("nv_inference_request_success", "raiser") == 0
+    for name in ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_infer_duration_us"):
+        assert delta(name, m) > 0, name
+    assert value(after, "nv_inference_pending_request_count", m) == 0
+    assert value(after, "nv_model_load_duration_secs", m) > 0
+
+    latency = "shmserve_inference_request_duration_seconds"
+    assert delta(latency + "_count", m) == 4  # three successes and the rejected request
+    assert delta(latency + "_bucket", m, le="+Inf") == 4
+    assert delta(latency + "_sum", m) > 0
+    assert delta(latency + "_count", "raiser") == 1
+    batch = "shmserve_inference_batch_size"
+    assert delta(batch + "_bucket", m, le="2") == 0
+    assert delta(batch + "_bucket", m, le="4") == 3
+    assert delta(batch + "_count", m) == 3 and delta(batch + "_sum", m) == 9
+
+
+# PromQL words that are not metric names where an identifier stands alone.
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
+                   "and", "or", "unless", "offset"}
+
+
+def metric_names(expr: str) -> set:
+    """The metric names a PromQL expression (or a prometheus-adapter template) reads."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', "", expr)  # strings
+    expr = re.sub(r"<<[^>]*>>", "", expr)  # adapter templates
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)  # label matchers, ranges
+    expr = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # grouping labels
+    expr = re.sub(r"\b\d+(?:\.\d+)?(?:[eE][+-]?\d+)?\b", "", expr)  # numbers
+    return {m.group() for m in re.finditer(r"[A-Za-z_:][\w:]*", expr)
+            if m.group() not in PROMQL_KEYWORDS and not expr[m.end():].lstrip().startswith("(")}
+
+
+def dashboard_exprs() -> list:
+    with open(os.path.join(ROOT, "deploy", "grafana", "shmserve-dashboard.json")) as f:
+        dashboard = json.load(f)
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def adapter_queries() -> list:
+    with open(os.path.join(ROOT, "deploy", "kubernetes", "prometheus-adapter-rules.yaml")) as f:
+        config = yaml.safe_load(yaml.safe_load(f)["data"]["config.yaml"])
+    return [rule["seriesQuery"] for rule in config["rules"]]
+
+
+def test_metric_names_extracted_from_promql():
+    assert metric_names('histogram_quantile(0.99, sum by (model, le) (rate('
+                        'x_bucket{model=~"$m"}[$__rate_interval]))) / 1e6 + on (pod) y') \
+        == {"x_bucket", "y"}
+
+
+def test_dashboard_and_autoscaler_use_exported_metrics(server, http):
+    exported = {name for name, _ in scrape(server)}
+    used = set().union(*map(metric_names, dashboard_exprs() + adapter_queries()))
+    assert {"nv_inference_request_success", "shmserve_inference_request_duration_seconds_bucket",
+            "nv_inference_pending_request_count"} <= used
+    assert used - exported <= GPU_METRICS

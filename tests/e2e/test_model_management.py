@@ -1,0 +1,422 @@
+"""Model management: --model-control-mode none|explicit|poll, the repository index, load and
+unload APIs over both protocols, reloads without failed requests, version policies, and the
+model's own is_ready()."""
+
+import base64
+import glob
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import start_server, stop_server
+
+SCALE_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.factor = float(config["parameters"]["factor"]["string_value"])
+        self.version = int(args["model_version"])
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", (x * self.factor).astype(np.float32)),
+                pb_utils.Tensor("VERSION", np.array([self.version], dtype=np.int32))]))
+        return out
+'''
+
+READY_MODEL = '''
+import time
+from scale_model import TritonPythonModel as Scale
+
+
+class TritonPythonModel(Scale):
+    def is_ready(self):
+        time.sleep(DELAY)
+        return ANSWER
+'''
+
+
+def scale_config(name: str, factor: float = 2.0, policy: str = "") -> str:
+    return f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+         {{ name: "VERSION" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "factor" value {{ string_value: "{factor}" }} }}
+{policy}
+'''
+
+
+def config_json(name: str, factor: float, policy: dict = None) -> str:
+    config = {
+        "name": name, "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+                   {"name": "VERSION", "data_type": "TYPE_INT32", "dims": [1]}],
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "parameters": {"factor": {"string_value": str(factor)}},
+    }
+    if policy:
+        config["version_policy"] = policy
+    return json.dumps(config)
+
+
+def add_model(repo: str, name: str, versions=(1,), factor: float = 2.0, policy: str = "",
+              model: str = SCALE_MODEL) -> None:
+    path = os.path.join(repo, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.pbtxt"), "w") as f:
+        f.write(scale_config(name, factor, policy))
+    for v in versions:
+        add_version(repo, name, v, model)
+
+
+def add_version(repo: str, name: str, version: int, model: str = SCALE_MODEL) -> None:
+    vdir = os.path.join(repo, name, str(version))
+    os.makedirs(vdir, exist_ok=True)
+    with open(os.path.join(vdir, "model.py"), "w") as f:
+        f.write(model)
+    with open(os.path.join(vdir, "scale_model.py"), "w") as f:
+        f.write(SCALE_MODEL)
+
+
+def infer(client, name: str, version: str = ""):
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    inp = module.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    result = client.infer(name, [inp], model_version=version)
+    return result.as_numpy("OUTPUT0"), int(result.as_numpy("VERSION")[0])
+
+
+def index(client) -> dict:
+    """{(name, version): (state, reason)} from either protocol's index."""
+    out = {}
+    if isinstance(client, grpcclient.InferenceServerClient):
+        for m in client.get_model_repository_index().models:
+            out[(m.name, m.version)] = (m.state, m.reason)
+    else:
+        for m in client.get_model_repository_index():
+            out[(m["name"], m.get("version", ""))] = (m.get("state", ""), m.get("reason", ""))
+    return out
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def post(server, path: str, body: dict):
+    """(status, parsed body) of a POST to the server's HTTP endpoint."""
+    req = urllib.request.Request(f"http://{server.http_url}{path}",
+                                 data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("mm_explicit"))
+    add_model(repo, "scale")
+    add_model(repo, "other")
+    add_model(repo, "multi", versions=(1, 2, 3), policy="version_policy { latest { num_versions: 2 } }")
+    add_model(repo, "not_ready", model=READY_MODEL.replace("DELAY", "0").replace("ANSWER", "False"))
+    add_model(repo, "slow_ready", model=READY_MODEL.replace("DELAY", "6").replace("ANSWER", "True"))
+    log = str(tmp_path_factory.mktemp("mm_logs") / "explicit.log")
+    server = start_server(repo, log, "--model-control-mode=explicit", "--load-model=scale",
+                          "--load-model=multi", "--load-model=not_ready",
+                          "--load-model=slow_ready", wait_models=("scale", "multi"))
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    yield server, repo, http, grpc
+    http.close()
+    grpc.close()
+    stop_server(server)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_index_lists_loaded_versions_and_unloaded_models(explicit, protocol):
+    _, _, http, grpc = explicit
+    entries = index(http if protocol == "http" else grpc)
+    assert entries[("scale", "1")] == ("READY", "")
+    assert entries[("other", "")] == ("", "")  # never loaded: its name only
+    assert ("other", "1") not in entries
+
+
+def test_load_and_unload_over_both_protocols(explicit):
+    _, _, http, grpc = explicit
+    http.load_model("other")
+    assert http.is_model_ready("other")
+    assert infer(grpc, "other")[0].tolist() == [2.0, 4.0]
+    grpc.unload_model("other")
+    wait_until(lambda: index(http).get(("other", "1")) == ("UNAVAILABLE", "unloaded"),
+               what="unload")
+    assert not http.is_model_ready("other")
+    with pytest.raises(InferenceServerException, match="has no available versions"):
+        infer(http, "other")
+    grpc.load_model("other")
+    assert index(grpc)[("other", "1")] == ("READY", "")
+    http.unload_model("other")
+    wait_until(lambda: index(grpc).get(("other", "1")) == ("UNAVAILABLE", "unloaded"),
+               what="unload")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_loading_an_unknown_model_fails_as_in_triton(explicit, protocol):
+    _, _, http, grpc = explicit
+    client = http if protocol == "http" else grpc
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("no_such_model")
+    assert "failed to load 'no_such_model', failed to poll from model repository" in info.value.message()
+    assert info.value.status() in ("500", "StatusCode.INTERNAL")
+
+
+def test_config_override_replaces_config_pbtxt(explicit):
+    _, _, http, grpc = explicit
+    grpc.load_model("scale", config=config_json("scale", 3.0))
+    assert infer(http, "scale")[0].tolist() == [3.0, 6.0]
+    http.load_model("scale", config=config_json("scale", 2.0))
+    assert infer(grpc, "scale")[0].tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bad_config_override_is_refused_and_the_model_keeps_serving(explicit, protocol):
+    _, _, http, grpc = explicit
+    client = http if protocol == "http" else grpc
+    with pytest.raises(InferenceServerException, match="load failed for model 'scale'"):
+        client.load_model("scale", config='{"max_batch_size": "many"}')
+    assert infer(http, "scale")[0].tolist() == [2.0, 4.0]
+
+
+def test_file_upload_over_grpc_then_http(explicit):
+    server, _, http, grpc = explicit
+    files = {"file:1/model.py": SCALE_MODEL.encode()}
+    grpc.load_model("uploaded", config=config_json("uploaded", 5.0), files=files)
+    assert infer(http, "uploaded")[0].tolist() == [5.0, 10.0]
+    uploads = glob.glob(os.path.join(tempfile.gettempdir(), "shmserve-uploaded-*"))
+    assert uploads
+    # tritonclient's HTTP load_model cannot serialize files (bytes in json): post it directly.
+    status, _ = post(server, "/v2/repository/models/uploaded/load", {"parameters": {
+        "config": config_json("uploaded", 7.0),
+        "file:1/model.py": base64.b64encode(SCALE_MODEL.encode()).decode()}})
+    assert status == 200
+    assert infer(grpc, "uploaded")[0].tolist() == [7.0, 14.0]
+    http.unload_model("uploaded")
+    wait_until(lambda: not any(os.path.exists(p) for p in uploads)
+               and not glob.glob(os.path.join(tempfile.gettempdir(), "shmserve-uploaded-*")),
+               what="upload directories removed")
+
+
+def test_files_without_config_are_refused(explicit):
+    server, _, _, _ = explicit
+    status, body = post(server, "/v2/repository/models/scale/load", {"parameters": {
+        "file:1/model.py": base64.b64encode(b"x").decode()}})
+    assert status == 400 and "'config'" in body["error"]
+
+
+def test_repository_name_segment_is_unsupported(explicit):
+    server, _, _, _ = explicit
+    status, body = post(server, "/v2/repository/myrepo/index", {})
+    assert (status, body) == (501, {"error": "'repository_name' specification is not supported"})
+    status, _ = post(server, "/v2/repository/myrepo/models/scale/load", {})
+    assert status == 501
+
+
+def test_version_policies_decide_which_versions_serve(explicit):
+    _, _, http, grpc = explicit
+    entries = index(http)
+    assert ("multi", "1") not in entries
+    assert entries[("multi", "2")][0] == entries[("multi", "3")][0] == "READY"
+    assert infer(http, "multi")[1] == 3
+    assert infer(grpc, "multi", "2")[1] == 2
+    http.load_model("multi", config=config_json("multi", 2.0, {"specific": {"versions": [1]}}))
+    assert infer(http, "multi")[1] == 1
+    entries = wait_until(lambda: (lambda e: e if e[("multi", "3")][0] == "UNAVAILABLE" else None)(
+        index(grpc)), what="versions 2 and 3 unloaded")
+    assert entries[("multi", "1")] == ("READY", "")
+    assert entries[("multi", "2")] == entries[("multi", "3")] == ("UNAVAILABLE", "unloaded")
+    http.load_model("multi", config=config_json("multi", 2.0, {"all": {}}))
+    assert {v for (n, v), (s, _) in index(http).items() if n == "multi" and s == "READY"} == {
+        "1", "2", "3"}
+
+
+def test_reload_under_load_fails_no_request(explicit):
+    server, _, http, _ = explicit
+    failures, done, outputs = [], threading.Event(), set()
+
+    def hammer():
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            while not done.is_set():
+                try:
+                    outputs.add(infer(client, "scale")[0][0])
+                except Exception as exc:  # any failure is the test's failure
+                    failures.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for factor in (3.0, 4.0, 2.0):
+            http.load_model("scale", config=config_json("scale", factor))
+            time.sleep(0.3)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    assert {3.0, 4.0, 2.0} <= outputs
+
+
+def test_is_ready_false_makes_the_model_not_ready(explicit):
+    _, _, http, grpc = explicit
+    assert index(http)[("not_ready", "1")] == ("READY", "")
+    assert not http.is_model_ready("not_ready")
+    assert not grpc.is_model_ready("not_ready")
+    assert infer(http, "not_ready")[0].tolist() == [2.0, 4.0]  # it still serves
+
+
+def test_is_ready_that_hangs_counts_as_not_ready_after_5_seconds(explicit):
+    _, _, http, _ = explicit
+    started = time.monotonic()
+    assert not http.is_model_ready("slow_ready")
+    assert 4.5 < time.monotonic() - started < 6.0
+
+
+def test_none_mode_refuses_load_and_unload(tmp_path):
+    repo = str(tmp_path / "repo")
+    add_model(repo, "scale")
+    server = start_server(repo, str(tmp_path / "none.log"), wait_models=("scale",))
+    try:
+        http = httpclient.InferenceServerClient(server.http_url)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        message = "explicit model load / unload is not allowed if polling is enabled"
+        for call in (lambda: http.load_model("scale"), lambda: http.unload_model("scale")):
+            with pytest.raises(InferenceServerException, match=message) as info:
+                call()
+            assert info.value.status() == "503"
+        for call in (lambda: grpc.load_model("scale"), lambda: grpc.unload_model("scale")):
+            with pytest.raises(InferenceServerException, match=message) as info:
+                call()
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+        assert http.is_model_ready("scale")
+        http.close()
+        grpc.close()
+    finally:
+        stop_server(server)
+
+
+def test_poll_mode_follows_the_repository(tmp_path):
+    repo = str(tmp_path / "repo")
+    add_model(repo, "scale")
+    add_model(repo, "gone")
+    server = start_server(repo, str(tmp_path / "poll.log"), "--model-control-mode=poll",
+                          "--repository-poll-secs=1", wait_models=("scale", "gone"))
+    try:
+        http = httpclient.InferenceServerClient(server.http_url)
+        with pytest.raises(InferenceServerException, match="not allowed if polling"):
+            http.load_model("scale")
+        add_version(repo, "scale", 2)  # latest 1: version 2 replaces version 1
+        wait_until(lambda: index(http).get(("scale", "2"), ("",))[0] == "READY",
+                   what="version 2")
+        assert infer(http, "scale")[1] == 2
+        with open(os.path.join(repo, "scale", "config.pbtxt"), "w") as f:
+            f.write(scale_config("scale", 5.0))
+        wait_until(lambda: infer(http, "scale")[0][0] == 5.0, what="changed config")
+        add_model(repo, "added")
+        wait_until(lambda: http.is_model_ready("added"), what="added model")
+        shutil.rmtree(os.path.join(repo, "gone"))
+        wait_until(lambda: index(http).get(("gone", "1")) == ("UNAVAILABLE", "unloaded"),
+                   what="removed model unloaded")
+        http.close()
+    finally:
+        stop_server(server)
+
+
+PIPELINE_CONFIG = '''
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scale" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "MID" } },
+  { model_name: "scale" model_version: -1
+    input_map { key: "INPUT0" value: "MID" } output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+'''
+
+
+def test_ensembles_load_their_steps_and_unload_with_them(tmp_path):
+    repo = str(tmp_path / "repo")
+    add_model(repo, "scale")
+    os.makedirs(os.path.join(repo, "pipeline", "1"))
+    with open(os.path.join(repo, "pipeline", "config.pbtxt"), "w") as f:
+        f.write(PIPELINE_CONFIG)
+    server = start_server(repo, str(tmp_path / "server.log"), "--model-control-mode=explicit",
+                          "--load-model=pipeline", wait_models=("pipeline",))
+    http = httpclient.InferenceServerClient(server.http_url)
+    try:
+        x = np.array([1.0, 2.0], dtype=np.float32)
+
+        def pipeline():
+            inp = httpclient.InferInput("INPUT0", [2], "FP32")
+            inp.set_data_from_numpy(x)
+            return http.infer("pipeline", [inp]).as_numpy("OUTPUT0").tolist()
+
+        # The step model came up with the ensemble, though not named.
+        assert http.is_model_ready("scale")
+        assert pipeline() == [4.0, 8.0]
+        unloaded = ("UNAVAILABLE", "unloaded")
+        # Unloading the ensemble leaves its step serving...
+        http.unload_model("pipeline")
+        wait_until(lambda: index(http).get(("pipeline", "1")) == unloaded, what="unload")
+        assert index(http)[("scale", "1")] == ("READY", "")
+        with pytest.raises(InferenceServerException):
+            pipeline()
+        # ...unloading a step takes the ensemble down with it...
+        http.load_model("pipeline")
+        assert pipeline() == [4.0, 8.0]
+        http.unload_model("scale")
+        wait_until(lambda: index(http).get(("pipeline", "1")) == unloaded
+                   and index(http).get(("scale", "1")) == unloaded, what="unload")
+        # ...and unload_dependents also takes the steps it loaded along.
+        http.load_model("pipeline")
+        assert http.is_model_ready("scale") and pipeline() == [4.0, 8.0]
+        http.unload_model("pipeline", unload_dependents=True)
+        wait_until(lambda: index(http).get(("scale", "1")) == unloaded, what="unload")
+    finally:
+        http.close()
+        stop_server(server)

@@ -1,0 +1,265 @@
+"""The server's life as a service: systemd notifications, the drain at SIGTERM/SIGINT, and the
+sweep of shared memory left by dead servers. Each test runs its own server: most of them stop it.
+
+Models: `life_sleep` (one instance; sleeps SECONDS, and says when it started) and
+`stream_probe` (decoupled; COUNT responses `delay_ms` apart), see tests/models.
+"""
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from httpx_sse import connect_sse
+from tritonclient.utils import InferenceServerException
+
+from shmserve.ipc import shm
+from tests.conftest import ROOT, alive, shm_entries, start_server, stop_server
+
+WAIT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("life_repo")
+    for name in ("life_sleep", "stream_probe"):
+        os.symlink(os.path.join(ROOT, "tests", "models", name), path / name)
+    return str(path)
+
+
+@pytest.fixture
+def launch(repo, tmp_path):
+    """Starts a server on `repo` with extra flags; whatever is still running at the end stops."""
+    started = []
+
+    def go(*flags):
+        srv = start_server(repo, str(tmp_path / f"server{len(started)}.log"), *flags,
+                           wait_models=("life_sleep", "stream_probe"))
+        started.append(srv)
+        return srv
+
+    yield go
+    for srv in started:
+        stop_server(srv)
+
+
+def _status(server, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}{path}", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _sleep_inputs(seconds: float) -> list:
+    tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return [tensor]
+
+
+def _grpc_sleep_inputs(seconds: float) -> list:
+    tensor = grpcclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return [tensor]
+
+
+def _probe_inputs(count: int) -> list:
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], np.int32))
+    return [tensor]
+
+
+def _sleep_in_flight(server, seconds: float, marker: str):
+    """An HTTP request to life_sleep, in flight once this returns: its pending result."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    pending = client.async_infer("life_sleep", _sleep_inputs(seconds),
+                                 parameters={"started_to": marker})
+    _wait_for(lambda: os.path.exists(marker), "the model to start the request")
+    return client, pending
+
+
+def _wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _exits(server, timeout: float = WAIT_S) -> int:
+    return server.process.wait(timeout)
+
+
+def _own_segments(server) -> set:
+    return {n for n in shm_entries() if n.startswith(f"shmserve.{server.process.pid}.")}
+
+
+# -- systemd ------------------------------------------------------------------------------------
+
+def test_systemd_ready_watchdog_and_stopping(repo, tmp_path, monkeypatch):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(WAIT_S)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # a ping every 0.1 s
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    server = start_server(repo, str(tmp_path / "log"))
+    try:
+        states = []
+        while b"READY=1" not in states:
+            states.append(sock.recv(4096))
+        # READY=1 comes once every model is loaded and the endpoints answer.
+        assert _status(server, "/v2/health/ready") == 200
+        pings = states.count(b"WATCHDOG=1")
+        deadline = time.monotonic() + WAIT_S
+        while pings < 3 and time.monotonic() < deadline:
+            if sock.recv(4096) == b"WATCHDOG=1":
+                pings += 1
+        assert pings >= 3
+        server.process.send_signal(signal.SIGTERM)
+        while sock.recv(4096) != b"STOPPING=1":
+            pass
+        assert _exits(server) == 0
+    finally:
+        stop_server(server)
+        sock.close()
+    assert set(states) <= {b"READY=1", b"WATCHDOG=1"}
+
+
+# -- drain --------------------------------------------------------------------------------------
+
+def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
+    server = launch("--exit-timeout-secs=60")
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    streamed: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: streamed.put((result, error)))
+    sse_events: list = []
+    sse_started = threading.Event()
+
+    def read_sse():
+        with httpx.Client(timeout=60) as client:
+            with connect_sse(client, "POST",
+                             f"http://{server.http_url}/v2/models/stream_probe/generate_stream",
+                             json={"COUNT": 10, "delay_ms": 300}) as events:
+                for event in events.iter_sse():
+                    sse_events.append(event.json())
+                    sse_started.set()
+
+    sse = threading.Thread(target=read_sse)
+    sleeper, pending = _sleep_in_flight(server, 4.0, str(tmp_path / "started"))
+    try:
+        grpc.async_stream_infer("stream_probe", _probe_inputs(10),
+                                parameters={"delay_ms": 300})
+        first = streamed.get(timeout=WAIT_S)
+        assert first[1] is None, first[1]
+        sse.start()
+        assert sse_started.wait(WAIT_S)
+
+        server.process.send_signal(signal.SIGTERM)
+        _wait_for(lambda: _status(server, "/v2/health/ready") == 400, "readiness to go false", 2)
+        # While the drain lasts: live, not ready, and new work is refused as UNAVAILABLE.
+        assert _status(server, "/v2/health/live") == 200
+        assert grpc.is_server_live() and not grpc.is_server_ready()
+        with pytest.raises(InferenceServerException) as e:
+            http.infer("life_sleep", _sleep_inputs(0))
+        assert e.value.status() == "503" and "Server not ready" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            grpc.infer("life_sleep", _grpc_sleep_inputs(0))
+        assert e.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Server not ready" in e.value.message()
+        r = httpx.post(f"http://{server.http_url}/v2/models/stream_probe/generate_stream",
+                       json={"COUNT": 1}, timeout=10)
+        assert r.status_code == 503 and "Server not ready" in r.json()["error"]
+        grpc.async_stream_infer("stream_probe", _probe_inputs(1))  # a new request on the stream
+        assert server.process.poll() is None
+
+        # What was in flight completes.
+        assert pending.get_result().as_numpy("SECONDS_OUT")[0] == 4.0
+        sse.join(WAIT_S)
+        assert [len(doc["OUT"]) for doc in sse_events] == [4] * 10
+        got = [first] + [streamed.get(timeout=WAIT_S) for _ in range(10)]
+        errors = [str(err) for _, err in got if err is not None]
+        assert errors == ["Server not ready"]  # the request sent after SIGTERM, and only it
+        results = [r for r, err in got if err is None]
+        assert [int(r.as_numpy("OUT")[0]) for r in results] == list(range(10))
+        assert _exits(server) == 0
+    finally:
+        grpc.stop_stream(cancel_requests=True)
+        for client in (grpc, http, sleeper):
+            client.close()
+        if sse.is_alive():
+            sse.join(WAIT_S)
+    log = server.log()
+    assert "SIGTERM received" in log and "shmserve stopped" in log
+    assert not _own_segments(server)
+
+
+def test_second_signal_stops_waiting(launch, tmp_path):
+    server = launch("--exit-timeout-secs=120")
+    sleeper, pending = _sleep_in_flight(server, 60.0, str(tmp_path / "started"))
+    try:
+        server.process.send_signal(signal.SIGINT)
+        _wait_for(lambda: _status(server, "/v2/health/ready") == 400, "readiness to go false")
+        time.sleep(0.5)
+        assert server.process.poll() is None  # still waiting for the request
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        with pytest.raises(InferenceServerException) as e:
+            pending.get_result()
+        assert "model instance 'life_sleep_0_0'" in e.value.message()
+        assert "server shut down" in e.value.message()
+        assert _exits(server) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        sleeper.close()
+    assert "SIGINT received again" in server.log()
+    assert not _own_segments(server)
+
+
+def test_exit_timeout_ends_the_drain(launch, tmp_path):
+    server = launch("--exit-timeout-secs=1")
+    sleeper, pending = _sleep_in_flight(server, 60.0, str(tmp_path / "started"))
+    try:
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(InferenceServerException) as e:
+            pending.get_result()
+        assert "--exit-timeout-secs" in e.value.message()
+        assert _exits(server) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        sleeper.close()
+    assert not _own_segments(server)
+
+
+# -- stale segments ----------------------------------------------------------------------------
+
+def test_segments_of_dead_servers_are_removed_at_start(launch):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert not alive(dead.pid)
+    stale = shm.segment_name(dead.pid, "life.stale.0")
+    kept = shm.segment_name(os.getpid(), "life.kept.0")  # a live process's, as another server's
+    segments = [shm.Segment.create(name, 4096) for name in (stale, kept)]
+    try:
+        for segment in segments:
+            segment.close()
+        server = launch()
+        names = shm_entries()
+        assert stale[1:] not in names
+        assert kept[1:] in names
+        assert "removed 1 shared-memory segment(s) of dead shmserve processes" in server.log()
+    finally:
+        for segment in segments:
+            segment.unlink()  # a name already gone is fine

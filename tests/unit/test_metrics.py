@@ -1,0 +1,244 @@
+"""Metrics collectors read at scrape time: histograms from ModelStats' integers, GPU metrics
+through a fake NVML module (there is no GPU here), sampling throttled by the interval."""
+
+import asyncio
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
+                              Throttled, build_metrics_app)
+from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
+
+MS = 1_000_000  # ns
+
+
+class FakeRegistry:
+    def __init__(self, *versions):
+        self._versions = versions
+
+    def all_versions(self):
+        return list(self._versions)
+
+
+def model(name="m", stats=None):
+    return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats())
+
+
+def scrape(*collectors) -> dict:
+    """{(sample name, sorted labels): value} of what the collectors expose."""
+    prom = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        prom.register(c)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(prom).decode())
+            for s in family.samples}
+
+
+def succeed(stats, request_ns, batch_size=1):
+    stats.record_success(batch_size=batch_size, request_ns=request_ns, queue_ns=0,
+                         compute_input_ns=0, compute_infer_ns=0, compute_output_ns=0)
+
+
+def execute(stats, batch_size):
+    stats.record_execution(batch_size, SimpleNamespace(compute_input_ns=1, compute_infer_ns=2,
+                                                       compute_output_ns=3))
+
+
+LABELS = (("model", "m"), ("version", "1"))
+
+
+def bucket(name, le):
+    return (name + "_bucket", tuple(sorted(LABELS + (("le", le),))))
+
+
+def test_request_duration_histogram_counts_successes_and_failures():
+    stats = ModelStats()
+    succeed(stats, 50_000)          # 50 us: first bucket
+    succeed(stats, 100_000)         # exactly on the first bound: still the first bucket (le)
+    succeed(stats, 3 * MS)          # 3 ms: the 5 ms bucket
+    stats.record_failure(700 * MS, "BACKEND")
+    stats.record_failure(120_000 * MS, "OTHER")  # 2 min: past the last bound
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    name = "shmserve_inference_request_duration_seconds"
+    assert out[bucket(name, "0.0001")] == 2
+    assert out[bucket(name, "0.0025")] == 2
+    assert out[bucket(name, "0.005")] == 3
+    assert out[bucket(name, "1.0")] == 4
+    assert out[bucket(name, "60.0")] == 4
+    assert out[bucket(name, "+Inf")] == 5
+    assert out[(name + "_count", LABELS)] == 5
+    assert out[(name + "_sum", LABELS)] == pytest.approx((150_000 + 3 * MS + 120_700 * MS) / 1e9)
+    les = [le for (n, labels) in out if n == name + "_bucket"
+           for k, le in labels if k == "le"]
+    assert len(les) == len(REQUEST_DURATION_BOUNDS_NS) + 1
+
+
+def test_batch_size_histogram_from_executions():
+    stats = ModelStats()
+    for size in (1, 1, 3, 8, 2000):
+        execute(stats, size)
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    name = "shmserve_inference_batch_size"
+    assert out[bucket(name, "1")] == 2
+    assert out[bucket(name, "2")] == 2
+    assert out[bucket(name, "4")] == 3
+    assert out[bucket(name, "8")] == 4
+    assert out[bucket(name, str(BATCH_SIZE_BOUNDS[-1]))] == 4
+    assert out[bucket(name, "+Inf")] == 5
+    assert out[(name + "_sum", LABELS)] == 2013
+    assert out[("nv_inference_exec_count", LABELS)] == 5
+
+
+def test_triton_counters_keep_their_names_and_reasons():
+    stats = ModelStats()
+    succeed(stats, 2 * MS, batch_size=4)
+    stats.record_failure(1 * MS, "REJECTED")
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    assert out[("nv_inference_request_success", LABELS)] == 1
+    assert out[("nv_inference_count", LABELS)] == 4
+    assert out[("nv_inference_request_duration_us", LABELS)] == 3000
+    assert out[("nv_model_load_duration_secs", LABELS)] == 0.25
+    failures = {dict(labels)["reason"]: v for (n, labels), v in out.items()
+                if n == "nv_inference_request_failure"}
+    assert failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+
+
+# --- GPU metrics through a fake NVML ----------------------------------------------------------
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_nvml(gpus, fail=(), init_error=False):
+    """A stand-in for nvidia-ml-py's `pynvml` module; `gpus` is a list of dicts of readings
+    in NVML's units, `fail` the names of the functions that raise NVMLError."""
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.calls = []
+
+    def call(name, result):
+        def fn(*args):
+            m.calls.append(name)
+            if name in fail:
+                raise NVMLError(name)
+            return result(*args)
+        return fn
+
+    def init():
+        m.calls.append("nvmlInit")
+        if init_error:
+            raise NVMLError("Driver Not Loaded")
+    m.nvmlInit = init
+    m.nvmlShutdown = call("nvmlShutdown", lambda: None)
+    m.nvmlDeviceGetCount = call("nvmlDeviceGetCount", lambda: len(gpus))
+    m.nvmlDeviceGetHandleByIndex = call("nvmlDeviceGetHandleByIndex", lambda i: gpus[i])
+    m.nvmlDeviceGetUUID = call("nvmlDeviceGetUUID", lambda g: g["uuid"])
+    m.nvmlDeviceGetUtilizationRates = call("nvmlDeviceGetUtilizationRates",
+                                           lambda g: SimpleNamespace(gpu=g["util"], memory=0))
+    m.nvmlDeviceGetMemoryInfo = call("nvmlDeviceGetMemoryInfo",
+                                     lambda g: SimpleNamespace(total=g["total"], used=g["used"],
+                                                               free=g["total"] - g["used"]))
+    m.nvmlDeviceGetPowerUsage = call("nvmlDeviceGetPowerUsage", lambda g: g["mw"])
+    m.nvmlDeviceGetPowerManagementLimit = call("nvmlDeviceGetPowerManagementLimit",
+                                               lambda g: g["limit_mw"])
+    m.nvmlDeviceGetTotalEnergyConsumption = call("nvmlDeviceGetTotalEnergyConsumption",
+                                                 lambda g: g["mj"])
+    return m
+
+
+def gpu(uuid, **readings):
+    return dict(dict(uuid=uuid, util=50, total=80 << 30, used=1 << 30, mw=123_456,
+                     limit_mw=700_000, mj=5_000_000), **readings)
+
+
+@pytest.fixture
+def install_nvml(monkeypatch):
+    def install(module):
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+    return install
+
+
+def test_gpu_metrics_in_triton_units(install_nvml):
+    gpus = [gpu("GPU-aaaa"), gpu(b"GPU-bbbb", util=100)]  # older releases give bytes
+    install_nvml(fake_nvml(gpus))
+    collector = GpuMetricsCollector.open()
+    gpus[0]["mj"] += 2500  # 2.5 J used since the server started
+    out = scrape(collector)
+    a, b = (("gpu_uuid", "GPU-aaaa"),), (("gpu_uuid", "GPU-bbbb"),)
+    assert out[("nv_gpu_utilization", a)] == 0.5
+    assert out[("nv_gpu_utilization", b)] == 1.0
+    assert out[("nv_gpu_memory_total_bytes", a)] == 80 << 30
+    assert out[("nv_gpu_memory_used_bytes", a)] == 1 << 30
+    assert out[("nv_gpu_power_usage", a)] == pytest.approx(123.456)
+    assert out[("nv_gpu_power_limit", a)] == 700.0
+    assert out[("nv_energy_consumption", a)] == 2.5
+    assert out[("nv_energy_consumption", b)] == 0.0
+
+
+def test_a_reading_nvml_refuses_is_left_out(install_nvml):
+    install_nvml(fake_nvml([gpu("GPU-aaaa")], fail={"nvmlDeviceGetPowerUsage",
+                                                    "nvmlDeviceGetTotalEnergyConsumption"}))
+    out = scrape(GpuMetricsCollector.open())
+    names = {n for n, _ in out}
+    assert "nv_gpu_power_usage" not in names and "nv_energy_consumption" not in names
+    assert out[("nv_gpu_utilization", (("gpu_uuid", "GPU-aaaa"),))] == 0.5
+
+
+def test_no_collector_without_nvml_or_gpus(install_nvml, monkeypatch):
+    no_gpus = install_nvml(fake_nvml([]))
+    assert GpuMetricsCollector.open() is None
+    assert no_gpus.calls[-1] == "nvmlShutdown"
+    install_nvml(fake_nvml([gpu("GPU-aaaa")], init_error=True))
+    assert GpuMetricsCollector.open() is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: not installed
+    assert GpuMetricsCollector.open() is None
+
+
+class Counting:
+    def __init__(self):
+        self.reads = 0
+
+    def collect(self):
+        self.reads += 1
+        return iter(())
+
+
+def test_throttled_reads_at_most_once_per_interval(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("shmserve.metrics.time.monotonic", lambda: now[0])
+    inner = Counting()
+    throttled = Throttled(inner, 2.0)
+    list(throttled.collect())
+    now[0] += 1.9
+    list(throttled.collect())
+    assert inner.reads == 1
+    now[0] += 0.1
+    list(throttled.collect())
+    assert inner.reads == 2
+
+
+def serve_and_scrape(app) -> str:
+    async def main():
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/metrics")
+            return await resp.text()
+    return asyncio.run(main())
+
+
+def test_endpoint_flags(install_nvml):
+    nvml = install_nvml(fake_nvml([gpu("GPU-aaaa")]))
+    text = serve_and_scrape(build_metrics_app(FakeRegistry(model())))
+    assert "nv_cpu_utilization" in text and 'nv_gpu_utilization{gpu_uuid="GPU-aaaa"}' in text
+    assert nvml.calls[-1] == "nvmlShutdown"  # on the app's cleanup
+    nvml.calls.clear()
+    text = serve_and_scrape(build_metrics_app(FakeRegistry(model()), allow_cpu_metrics=False,
+                                              allow_gpu_metrics=False))
+    assert "nv_cpu_" not in text and "nv_gpu_" not in text and not nvml.calls
+    assert 'nv_inference_request_success{model="m",version="1"}' in text
