@@ -14,7 +14,6 @@ everything under perf/results/sequence-<date>-<time>/.
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, ServerError, tree_cpu_seconds, fmt, ratio
+from servers import add_server_arguments, end_run, new_run, run_metadata, Server, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, serve_and_measure
 
 MODELS = ("accumulate", "accumulate_oldest")
 CHECK_SEQUENCES = 16  # more than accumulate's 8 slots: some sequences wait for a free one
@@ -119,9 +118,7 @@ def run_perf_analyzer(server: Server, model: str, protocol: str, concurrency: in
 def run_one(server: Server, cases, pa, out_dir: Path, args, records: list[dict]) -> list[str]:
     """Start, check and measure each model (a model whose check fails is not measured), stop.
     Appends to records as it goes; returns what went wrong."""
-    errors = []
-    try:
-        server.start()
+    def measure_all(errors: list[str]) -> None:
         for model in args.models:
             try:
                 server.wait_model_ready(model)
@@ -135,17 +132,8 @@ def run_one(server: Server, cases, pa, out_dir: Path, args, records: list[dict])
                            **run_perf_analyzer(server, model, protocol, concurrency, pa, out_dir, args))
                 print(json.dumps(rec), file=sys.stderr, flush=True)
                 records.append(rec)
-    except (ServerError, OSError, subprocess.SubprocessError) as e:
-        errors.append(f"{server.name}: {e}")
-    finally:
-        leftovers = server.stop()
-    if leftovers:
-        errors.append(f"{server.name}: processes {leftovers} outlived the server (killed)")
-    return errors
 
-
-def markdown_row(cells) -> str:
-    return "| " + " | ".join(cells) + " |"
+    return serve_and_measure(server, measure_all)
 
 
 def table(records: list[dict], models, cases) -> str:

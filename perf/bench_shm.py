@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio
+from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, serve_and_measure
 
 MODEL = "identity_fp32"
 FP32_BYTES = 4
@@ -152,11 +151,10 @@ def run_perf_analyzer(server: Server, mode: str, mib: int, concurrency: int, pa:
 def run_one(server: Server, cases, pa, out_dir: Path, records: list[dict]) -> list[str]:
     """Start, check each mode, measure the cases of the modes that passed (appending to records),
     stop. Returns what went wrong, if anything."""
-    errors = []
     checks = {"plain": check_plain, "shm": check_shm}
     largest = max(mib for _, mib, _ in cases) * MIB // FP32_BYTES
-    try:
-        server.start()
+
+    def measure_all(errors: list[str]) -> None:
         server.wait_model_ready(MODEL)
         usable = set()
         for mode in dict.fromkeys(mode for mode, _, _ in cases):
@@ -172,17 +170,8 @@ def run_one(server: Server, cases, pa, out_dir: Path, records: list[dict]) -> li
                            **run_perf_analyzer(server, mode, mib, concurrency, pa, out_dir))
                 print(json.dumps(rec), file=sys.stderr, flush=True)
                 records.append(rec)
-    except (ServerError, OSError, subprocess.SubprocessError) as e:
-        errors.append(f"{server.name}: {e}")
-    finally:
-        leftovers = server.stop()
-    if leftovers:
-        errors.append(f"{server.name}: processes {leftovers} outlived the server (killed)")
-    return errors
 
-
-def markdown_row(cells) -> str:
-    return "| " + " | ".join(cells) + " |"
+    return serve_and_measure(server, measure_all)
 
 
 def verdict(p50_ratio, throughput_ratio) -> str:

@@ -6,10 +6,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 PERF_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PERF_DIR.parent
@@ -230,6 +232,52 @@ def end_run(servers: dict[str, Server], out_dir: Path, records: list[dict]) -> N
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def serve_and_measure(server: Server, measure_all: Callable[[list[str]], None]) -> list[str]:
+    """Start server, run measure_all(errors) (which appends what went wrong as it goes), stop it
+    by its PID, also on failure. Returns the errors, with a failed start and processes that
+    outlived the server among them."""
+    errors = []
+    try:
+        server.start()
+        measure_all(errors)
+    except (ServerError, OSError, subprocess.SubprocessError) as e:
+        errors.append(f"{server.name}: {e}")
+    finally:
+        leftovers = server.stop()
+    if leftovers:
+        errors.append(f"{server.name}: processes {leftovers} outlived the server (killed)")
+    return errors
+
+
+def run_servers(servers: dict[str, Server], names: list[str], out_dir: Path, records: list[dict],
+                run_one: Callable[[Server], list[str]]) -> list[str]:
+    """run_one(server) -> errors for each named server in turn; Ctrl-C keeps what was measured so
+    far, SIGTERM stops the servers too; then end_run. Returns the errors."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    errors = []
+    try:
+        for name in names:
+            errs = run_one(servers[name])
+            errors += errs
+            for e in errs:
+                print(f"ERROR: {e}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        errors.append("interrupted (Ctrl-C)")
+    finally:
+        end_run(servers, out_dir, records)
+    return errors
+
+
+def publish(out_dir: Path, text: str, errors: list[str]) -> int:
+    """Print the report with the errors under it and write it to out_dir/table.md; the exit
+    status: 1 when anything failed."""
+    text += "".join(f"\n- error: {e}" for e in errors)
+    (out_dir / "table.md").write_text(text + "\n")
+    print(text)
+    print(f"\nresults: {out_dir}", file=sys.stderr)
+    return 1 if errors else 0
+
+
 def run_metadata(args, env: dict[str, str], **extra) -> dict:
     """What meta.json records of a run: when, which commit, which tools, which arguments."""
     git = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
@@ -244,6 +292,10 @@ def run_metadata(args, env: dict[str, str], **extra) -> dict:
 def fmt(v, spec: str) -> str:
     """A table cell: `v` formatted, or a dash when it was not measured."""
     return "–" if v is None else format(v, spec)
+
+
+def markdown_row(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def ratio(s, t):

@@ -10,6 +10,7 @@ import logging
 import sys
 
 from shmserve import logs
+from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.malloc import keep_large_blocks
 from shmserve.server import Options, Server
 
@@ -49,6 +50,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'")
+    return value
+
+
+def _message_size(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_MESSAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"gRPC messages cannot exceed {MAX_MESSAGE_SIZE} "
+                                         f"bytes, got '{text}'")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -65,6 +84,7 @@ class _Unsupported(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    defaults = Options()
     p = argparse.ArgumentParser(prog="shmserve", allow_abbrev=False,
                                 description="Triton-compatible inference server for Python-backend models.")
     p.add_argument("--model-repository", "--model-store", action="append", required=True,
@@ -84,10 +104,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--http-max-input-size", type=_positive_int, default=64 * 1024 * 1024,
+                   metavar="BYTES", help="largest HTTP request body, also once decompressed "
+                                         "(default 64 MiB, as Triton)")
     p.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--grpc-max-message-size", type=_message_size, default=MAX_MESSAGE_SIZE,
+                   metavar="BYTES", help="largest gRPC message received or sent (default and "
+                                         f"maximum {MAX_MESSAGE_SIZE}, as Triton)")
+    # shmserve's own limits (Triton has no such flags); see README "Limits".
+    p.add_argument("--max-tensor-byte-size", type=_positive_int,
+                   default=defaults.max_tensor_byte_size, metavar="BYTES",
+                   help="shmserve's own: largest input tensor of a request, from its shape and "
+                        "datatype, refused before it is copied (default 2 GiB)")
+    p.add_argument("--max-inflight-per-connection", type=_positive_int,
+                   default=defaults.max_inflight_per_connection, metavar="N",
+                   help="shmserve's own: requests one HTTP connection (pipelined) or one gRPC "
+                        "stream may have in flight; more are answered UNAVAILABLE (default "
+                        f"{defaults.max_inflight_per_connection})")
+    p.add_argument("--max-open-streams", type=_positive_int,
+                   default=defaults.max_open_streams, metavar="N",
+                   help="shmserve's own: gRPC streams and HTTP generate_stream responses open "
+                        f"at once; more are refused UNAVAILABLE (default "
+                        f"{defaults.max_open_streams})")
+    p.add_argument("--max-queue-size-default", type=_non_negative_int,
+                   default=defaults.max_queue_size_default, metavar="N",
+                   help="shmserve's own: queued requests per model whose config sets no "
+                        "max_queue_size; more are refused UNAVAILABLE 'Exceeds maximum queue "
+                        f"size'; 0 is unbounded, as Triton (default "
+                        f"{defaults.max_queue_size_default})")
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -144,6 +190,11 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_client_shm=args.allow_client_shm,
+        grpc_max_message_size=args.grpc_max_message_size,
+        max_tensor_byte_size=args.max_tensor_byte_size,
+        max_inflight_per_connection=args.max_inflight_per_connection,
+        max_open_streams=args.max_open_streams,
+        max_queue_size_default=args.max_queue_size_default,
     )
     return options, args
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 import time
 
 from shmserve import __version__, logs
@@ -18,7 +19,7 @@ from shmserve.inference import (InferRequest, InferResponse, InputTensor, Output
                                 StreamedResponse)
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
-from shmserve.scheduling.queue import QueueRejection
+from shmserve.scheduling.queue import QueueRejection, queue_full
 from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
@@ -33,9 +34,25 @@ SEQUENCE_END = 2
 log = logging.getLogger("shmserve.dataplane")
 
 
+# Defaults of the limits (see README "Limits"): each protects a server on a network and is
+# well above what normal use reaches.
+MAX_MESSAGE_SIZE = 2**31 - 1  # gRPC's ceiling (INT32_MAX), and Triton's setting
+MAX_TENSOR_BYTE_SIZE = 2**31  # as much as Triton's largest gRPC message could carry
+# Requests one HTTP connection or one gRPC stream has in flight; as many as the stream flow
+# control allowed before it was a flag, and above aiohttp's own bound on pipelining (32).
+MAX_INFLIGHT_PER_CONNECTION = 64
+# Queued requests per model with no queue policy of its own. Above any benchmark's
+# concurrency, yet it keeps an open-loop flood from queueing without bound.
+MAX_QUEUE_SIZE_DEFAULT = 1024
+MAX_OPEN_STREAMS = 1024
+
+
 class DataPlane:
     def __init__(self, registry: Registry, shared_memory: SharedMemoryManager, *,
-                 server_id: str = "shmserve", strict_readiness: bool = True, models=None):
+                 server_id: str = "shmserve", strict_readiness: bool = True, models=None,
+                 max_tensor_byte_size: int = MAX_TENSOR_BYTE_SIZE,
+                 max_queue_size_default: int = MAX_QUEUE_SIZE_DEFAULT,
+                 max_open_streams: int = MAX_OPEN_STREAMS):
         self.registry = registry
         self.models = models  # a repository.manager.ModelManager: the repository API
         self.shared_memory = shared_memory
@@ -43,6 +60,26 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.live = False
         self.accepting = False  # false before load and while draining
+        self.max_tensor_byte_size = max_tensor_byte_size
+        # 0 means unbounded (as Triton): stored as a number no queue reaches, so that the
+        # hot path pays one integer compare either way.
+        self._queue_limit = max_queue_size_default or sys.maxsize
+        self.max_open_streams = max_open_streams
+        self.open_streams = 0  # gRPC streams and HTTP event streams open now
+
+    # -- limits -------------------------------------------------------------------------
+
+    def stream_opened(self) -> None:
+        """A long-lived stream (gRPC ModelStreamInfer, HTTP generate_stream) opens: call
+        `stream_closed()` when it ends. UNAVAILABLE when --max-open-streams are open."""
+        if self.open_streams >= self.max_open_streams:
+            raise ServerError(Code.UNAVAILABLE, f"the server has {self.open_streams} streams "
+                                                f"open, the most it allows "
+                                                f"(--max-open-streams): retry later")
+        self.open_streams += 1
+
+    def stream_closed(self) -> None:
+        self.open_streams -= 1
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -299,7 +336,8 @@ class DataPlane:
         started = time.perf_counter_ns()
         params = request.parameters
         try:
-            work, batch_size = _prepare(request, mv, self.shared_memory)
+            work, batch_size = _prepare(request, mv, self.shared_memory,
+                                        self.max_tensor_byte_size)
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
@@ -317,6 +355,8 @@ class DataPlane:
         request that is not decoupled is counted here; a decoupled one when its stream ends."""
         stats = mv.stats
         try:
+            if stats.pending >= self._queue_limit and mv.scheduler.default_bound_applies(work):
+                raise queue_full()
             response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
                                                                     timeout_us)
         except QueueRejection as exc:
@@ -402,8 +442,8 @@ def _release_regions(work: WorkRequest) -> None:
         region.release()
 
 
-def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
-             ) -> tuple[WorkRequest, int]:
+def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
+             max_tensor_bytes: int = MAX_TENSOR_BYTE_SIZE) -> tuple[WorkRequest, int]:
     """Validate a request against the model; the WorkRequest and its batch size."""
     sig = mv.signature
     name = mv.name
@@ -462,7 +502,7 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager
             data = t.data
             if type(data) is RegionSlice:  # an ensemble step's input, read where it lies
                 regions.append(data.region)
-        _check_byte_size(t, data, name)
+        _check_byte_size(t, data, name, max_tensor_bytes)
         model_shape = list(shape)
         if spec.reshape is not None:
             model_shape = ([shape[0]] if batching else []) + _reshape(spec.reshape, item_shape)
@@ -529,12 +569,23 @@ def _reshape(reshape: tuple, item_shape: list) -> list:
     return [total // known if known and d == -1 else d for d in reshape]
 
 
-def _check_byte_size(t, data, model: str) -> None:
+def _check_byte_size(t, data, model: str, limit: int) -> None:
     """`data`: the tensor's bytes, or the RegionSlice of a client region it fills exactly. The
-    elements of a BYTES tensor in a region are the worker's to check: only it reads them."""
+    elements of a BYTES tensor in a region are the worker's to check: only it reads them.
+    A tensor above `limit` bytes is refused before any of it is copied for the model."""
     count = datatypes.element_count(t.shape)
     if t.datatype == "BYTES":
+        nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
+        if nbytes > limit:
+            raise _too_large(t.name, model, nbytes, limit)
         if type(data) is RegionSlice:
+            # Each element has a 4-byte length: more elements than that would have the worker
+            # allocate for a shape's claim before it reads a byte of the region.
+            if count * 4 > nbytes:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"unexpected number of string elements for inference input "
+                                  f"'{t.name}' for model '{model}': {count} elements do not "
+                                  f"fit in {nbytes} bytes")
             return
         try:
             datatypes.check_bytes(data, count)
@@ -543,12 +594,20 @@ def _check_byte_size(t, data, model: str) -> None:
                               f"unexpected number of string elements for inference input "
                               f"'{t.name}' for model '{model}': {exc}") from None
         return
-    nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
     expected = count * datatypes.element_size(t.datatype)
+    if expected > limit:
+        raise _too_large(t.name, model, expected, limit)
+    nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
     if nbytes != expected:
         raise ServerError(Code.INVALID_ARG,
                           f"input byte size mismatch for input '{t.name}' for model '{model}'. "
                           f"Expected {expected}, got {nbytes}")
+
+
+def _too_large(name: str, model: str, nbytes: int, limit: int) -> ServerError:
+    return ServerError(Code.INVALID_ARG, f"input '{name}' for model '{model}' has {nbytes} "
+                                         f"bytes, more than the maximum tensor byte size of "
+                                         f"{limit} (--max-tensor-byte-size)")
 
 
 def _response(request: InferRequest, mv, work) -> InferResponse:

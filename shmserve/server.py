@@ -13,6 +13,7 @@ from typing import Optional
 from aiohttp import web
 
 from shmserve import systemd
+from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.inference import InferRequest, InferResponse
@@ -53,6 +54,12 @@ class Options:
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
+    # Limits (README "Limits"); all but the gRPC message size are shmserve's own.
+    grpc_max_message_size: int = limits.MAX_MESSAGE_SIZE
+    max_tensor_byte_size: int = limits.MAX_TENSOR_BYTE_SIZE
+    max_inflight_per_connection: int = limits.MAX_INFLIGHT_PER_CONNECTION
+    max_open_streams: int = limits.MAX_OPEN_STREAMS
+    max_queue_size_default: int = limits.MAX_QUEUE_SIZE_DEFAULT  # 0: unbounded
 
 
 class Server:
@@ -78,7 +85,10 @@ class Server:
         self.dataplane = DataPlane(self.registry, self.shared_memory,
                                    server_id=options.server_id,
                                    strict_readiness=options.strict_readiness,
-                                   models=self.models)
+                                   models=self.models,
+                                   max_tensor_byte_size=options.max_tensor_byte_size,
+                                   max_queue_size_default=options.max_queue_size_default,
+                                   max_open_streams=options.max_open_streams)
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self._runners: list = []
         self._grpc = None
@@ -103,11 +113,13 @@ class Server:
         opts = self.options
         if opts.allow_http:
             from shmserve.http.app import RUNNER_OPTIONS, build_app
-            await self._serve_aiohttp(build_app(self.dataplane, opts.http_max_input_size),
-                                      opts.http_address, opts.http_port, **RUNNER_OPTIONS)
+            app = build_app(self.dataplane, opts.http_max_input_size,
+                            opts.max_inflight_per_connection)
+            await self._serve_aiohttp(app, opts.http_address, opts.http_port, **RUNNER_OPTIONS)
         if opts.allow_grpc:
             from shmserve.grpc.servicer import build_server
-            self._grpc = build_server(self.dataplane)
+            self._grpc = build_server(self.dataplane, opts.grpc_max_message_size,
+                                      opts.max_inflight_per_connection)
             address = f"{_host(opts.grpc_address)}:{opts.grpc_port}"
             if self._grpc.add_insecure_port(address) == 0:
                 raise OSError(f"cannot bind gRPC to {address}")

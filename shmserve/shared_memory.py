@@ -247,8 +247,9 @@ def _inspect_object(key: str, where: str) -> tuple[tuple, int]:
         raise ServerError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'")
     try:
         shm = posix_ipc.SharedMemory("/" + bare)
-    except (posix_ipc.Error, OSError) as exc:
-        # Triton's status and words; why comes after
+    except (posix_ipc.Error, OSError, ValueError) as exc:
+        # Triton's status and words; why comes after. posix_ipc says ValueError for names
+        # the system refuses (too long, "." or "..").
         raise ServerError(Code.INTERNAL, f"Unable to open shared memory region: '{key}': "
                                          f"{exc}") from None
     try:

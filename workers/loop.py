@@ -218,6 +218,9 @@ class WorkerLoop:
             return data if data is not None else _raw(arr)
         with self._output_lock:
             offset = self._output_alloc.alloc(nbytes)
+            if offset is not None and not self._output_arena.reserve(offset + nbytes):
+                self._output_alloc.free(offset)  # /dev/shm is full: writing would SIGBUS
+                offset = None
         if offset is None:  # arena full: correctness over speed
             return data if data is not None else _raw(arr)
         dst = self._output_buf[offset:offset + nbytes]

@@ -33,6 +33,7 @@ def normalize_config(config: ModelConfig, model_name: str, gpu_count: int) -> Mo
     defaults, for a machine with `gpu_count` GPUs. Raises INVALID_ARG with the reason."""
     result = ModelConfig()
     result.CopyFrom(config)
+    _check_enums(result, model_name)
     if not result.name:
         result.name = model_name
     elif result.name != model_name:
@@ -52,6 +53,27 @@ def normalize_config(config: ModelConfig, model_name: str, gpu_count: int) -> Mo
     _check_io(result)
     _check_instance_groups(result, gpu_count)
     return result
+
+
+def _check_enums(message, model_name: str) -> None:
+    """Protobuf takes any number for an enum field (`data_type: 99`); nothing after this
+    would know what such a value means."""
+    for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            # No map of the config has enum values; some have message values.
+            if field.message_type.fields_by_name["value"].message_type is None:
+                continue
+            value = value.values()
+        elif not field.is_repeated:
+            value = (value,)
+        if field.enum_type is not None:
+            for number in value:
+                if number not in field.enum_type.values_by_number:
+                    raise invalid_arg(f"unknown value {number} of '{field.name}' in the "
+                                      f"configuration of model '{model_name}'")
+        elif field.message_type is not None:
+            for item in value:
+                _check_enums(item, model_name)
 
 
 def _fill_defaults(config: ModelConfig) -> None:

@@ -19,6 +19,10 @@ def parse_config_text(text: str) -> ModelConfig:
             message = (f"line {exc.GetLine()}, column {exc.GetColumn()}: "
                        f"{message.split(' : ', 1)[-1]}")
         raise invalid_arg(f"failed to parse model configuration: {message}") from None
+    except ValueError as exc:
+        # The library lets a few bad values escape unwrapped: an enum given a number beyond
+        # 32 bits ("Value out of range").
+        raise invalid_arg(f"failed to parse model configuration: {exc}") from None
 
 
 def parse_config_json(text: str) -> ModelConfig:

@@ -32,10 +32,13 @@ class InputArena:
 
     def put(self, pieces: list, nbytes: int) -> int | None:
         """Copy the bytes-like `pieces` back to back into a fresh slot of `nbytes`; its offset,
-        or None when the arena is full. Written piece by piece: joining them first would copy
-        every byte twice."""
+        or None when the arena, or /dev/shm, is full. Written piece by piece: joining them
+        first would copy every byte twice."""
         offset = self._alloc.alloc(nbytes)
         if offset is None:
+            return None
+        if not self.segment.reserve(offset + nbytes):  # /dev/shm is full
+            self._alloc.free(offset)
             return None
         buf = self._buf
         pos = offset

@@ -16,10 +16,12 @@ timer per instance, armed while it holds work; frames only note the time they ca
 """
 
 import asyncio
+import errno
 import functools
 import itertools
 import logging
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -44,6 +46,8 @@ INLINE_THRESHOLD = 64 * 1024
 # every tensor stays as aligned as one placed alone (arena slots are 64-byte aligned).
 BLOCK_ALIGNMENT = 64
 ARENA_BYTES = 256 * 1024 * 1024  # sparse: pages cost memory only once touched
+# How long requests on a closed channel wait for the process's exit code before failing.
+EXIT_REPORT_WAIT_S = 1.0
 # How long a model's is_ready() may take before the instance counts as not ready (Triton's).
 READINESS_TIMEOUT_S = 5.0
 
@@ -164,14 +168,15 @@ class WorkerHandle:
         tag = self.instance_name
         self._generation += 1
         self._process = None
-        self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
-        self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
-        self._output_buf = self._output_arena.buffer
-        self._output_region = segment_region(f"{tag} output arena", self._output_arena.name,
-                                             ARENA_BYTES)
-        self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
-        if self._init_args["model_config"].get("sequence_batching", {}).get("state"):
-            self._state_arena = new_segment(f"{tag}.state", ARENA_BYTES)
+        try:
+            self._create_arenas(tag)
+        except BaseException as exc:
+            self._destroy_arenas()  # those made before the one that failed
+            if isinstance(exc, OSError):  # ENOSPC when /dev/shm is full, EMFILE, ...
+                raise ServerError(Code.UNAVAILABLE, f"cannot start model instance "
+                                                    f"'{self.instance_name}': cannot create its "
+                                                    f"shared memory: {exc}") from None
+            raise
         self._rows = RowAllocator()
         self._mapped_regions = set()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -212,6 +217,19 @@ class WorkerHandle:
             raise ServerError(Code.UNAVAILABLE, error)
         self.alive = True
         self._running = True
+
+    def _create_arenas(self, tag: str) -> None:
+        self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
+        self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
+        self._output_buf = self._output_arena.buffer
+        self._output_region = segment_region(f"{tag} output arena", self._output_arena.name,
+                                             ARENA_BYTES)
+        self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
+        # Both sides write to it with no way to fail a request instead: reserved whole.
+        if not self._table.segment.reserve(REQUEST_TABLE_BYTES):
+            raise OSError(errno.ENOSPC, "no room in /dev/shm for the request table")
+        if self._init_args["model_config"].get("sequence_batching", {}).get("state"):
+            self._state_arena = new_segment(f"{tag}.state", ARENA_BYTES)
 
     async def execute(self, batch: list) -> tuple[list, BatchTimings]:
         """Run one batch of WorkRequests; one WorkResponse per request, in order."""
@@ -440,24 +458,32 @@ class WorkerHandle:
     def _on_closed(self, exc) -> None:
         self.alive = False
         self._resolve_bye()
-        self._fail_pending("connection to the worker was lost")
+        # The socket closes first when the process dies: its exit code, which _watch_exit
+        # reports in a moment, tells the client more. Only a process that closed its end and
+        # lives on is left for this to fail.
+        self._loop.call_later(EXIT_REPORT_WAIT_S, self._fail_pending_of, self._generation,
+                              "closed its connection to the server")
+
+    def _fail_pending_of(self, generation: int, why: str) -> None:
+        if generation == self._generation:  # not a process started since
+            self._fail_pending(why)
 
     async def _watch_exit(self) -> None:
         proc = self._process
         worker_log = self._worker_log
-        code = await proc.wait()
+        code = _exit_text(await proc.wait())
         unexpected = self._running
         self._running = False
         self.alive = False
         await worker_log.close()  # the process's last lines come before the news of its end
         if unexpected:
-            log.error("model instance '%s' (pid %s) exited with code %s", self.instance_name,
+            log.error("model instance '%s' (pid %s) exited with %s", self.instance_name,
                       proc.pid, code, extra=self._log_context)
         self._resolve_bye()
         if self._ready is not None and not self._ready.done():
-            self._ready.set_result(f"model instance '{self.instance_name}' exited with code "
-                                   f"{code} while loading (see the server log)")
-        self._fail_pending(f"exited with code {code}")
+            self._ready.set_result(f"model instance '{self.instance_name}' exited with {code} "
+                                   f"while loading (see the server log)")
+        self._fail_pending(f"exited with {code}")
         if unexpected and self._on_exit is not None:
             self._on_exit(self)
 
@@ -613,6 +639,16 @@ def _by_name(placed: list) -> list:
         else:
             run.append(pair)
     return [pair for run in runs.values() for pair in run]
+
+
+def _exit_text(returncode: int) -> str:
+    """'code 3', or 'code -9 (SIGKILL)' for a process a signal ended."""
+    if returncode < 0:
+        try:
+            return f"code {returncode} ({signal.Signals(-returncode).name})"
+        except ValueError:
+            pass
+    return f"code {returncode}"
 
 
 def _code(name: str) -> Code:

@@ -103,6 +103,9 @@ def parse_model_infer_request(wire: bytes):
     raw = []
     pos = 0
     end = len(wire)
+    # Unknown fields may be groups (wire types 3 and 4, start and end); what is inside one is
+    # protobuf's to parse, as in a small request.
+    groups = 0
     try:
         while pos < end:
             start = pos
@@ -115,11 +118,15 @@ def parse_model_infer_request(wire: bytes):
                 _, pos = _read_varint(wire, pos)
             elif wire_type in (1, 5):
                 pos += 8 if wire_type == 1 else 4
+            elif wire_type == 3:
+                groups += 1
+            elif wire_type == 4 and groups:
+                groups -= 1
             else:
                 raise ValueError(f"unexpected wire type {wire_type}")
             if pos > end:
                 raise ValueError("truncated message")
-            if key == _RAW_INPUT_FIELD << 3 | 2:
+            if key == _RAW_INPUT_FIELD << 3 | 2 and not groups:
                 raw.append(view[pos - length:pos])
             else:
                 rest.append(view[start:pos])

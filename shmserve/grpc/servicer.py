@@ -13,7 +13,8 @@ import grpc
 from google.protobuf import json_format
 
 from shmserve import proto
-from shmserve.dataplane import DataPlane, DecoupledModel
+from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
+                                DecoupledModel)
 from shmserve.errors import Code, ServerError
 from shmserve.grpc import codec
 from shmserve.inference import StreamedResponse
@@ -33,7 +34,6 @@ STATUS = {
 }
 
 SERVING = 1
-STREAM_INFLIGHT = 64  # requests of one stream accepted but not yet answered
 
 
 def _unary(fn):
@@ -46,8 +46,10 @@ def _unary(fn):
 
 
 class InferenceServicer:
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane,
+                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION):
         self.dp = dataplane
+        self.max_inflight_per_stream = max_inflight_per_stream
 
     async def ServerLive(self, request):
         return proto.ServerLiveResponse(live=self.dp.server_live())
@@ -170,7 +172,13 @@ class InferenceServicer:
         stays open, unless the client asked for `triton_grpc_error` (then the RPC ends)."""
         grpc_error = any(k == "triton_grpc_error" and v.lower() == "true"
                          for k, v in context.invocation_metadata() or ())
-        stream = _Stream(self.dp)
+        try:
+            self.dp.stream_opened()
+        except ServerError as exc:
+            # UNAVAILABLE rather than RESOURCE_EXHAUSTED: it is Triton's code for "busy, retry"
+            # (a full queue), and gRPC retry policies treat it as retryable.
+            await context.abort(STATUS[exc.code], exc.message)
+        stream = _Stream(self.dp, self.max_inflight_per_stream)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while True:
@@ -190,27 +198,36 @@ class InferenceServicer:
             reader.cancel()
             await stream.close()
             await asyncio.gather(reader, return_exceptions=True)
+            self.dp.stream_closed()
 
 
 class _Stream:
     """The requests of one ModelStreamInfer call, and their responses in the order they may
     leave. Each request is served by a task; a decoupled request's task hands over one
     response at a time and waits until it is written (so a slow client slows the model, see
-    dataplane.stream), while other requests' single responses line up in request order."""
+    dataplane.stream), while other requests' single responses line up in request order.
 
-    def __init__(self, dp: DataPlane):
+    At most `max_inflight` requests are served at once; one more is answered UNAVAILABLE at
+    once. Requests whose answers are not yet written (rejections included) are bounded too,
+    at twice that: a client that sends faster than it reads stops being read from."""
+
+    def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION):
         self.dp = dp
         self._ready: asyncio.Queue = asyncio.Queue()  # (message, written future or None)
         self._in_order: collections.deque = collections.deque()  # futures, request order
         self._tasks: set = set()
-        self._room = asyncio.Semaphore(STREAM_INFLIGHT)
+        self._max_inflight = max_inflight
+        self._room = asyncio.Semaphore(2 * max_inflight)
         self._reading = True
 
     async def read(self, request_iterator) -> None:
         try:
             async for msg in request_iterator:
-                # Bounded: a client that sends faster than it reads stops being read from.
                 await self._room.acquire()
+                if len(self._tasks) >= self._max_inflight:
+                    self._in_order.append(_rejected(msg, self._max_inflight))
+                    self._ready.put_nowait(None)  # wakes next()
+                    continue
                 try:
                     decoupled = self.dp.is_decoupled(msg.model_name, msg.model_version)
                 except ServerError:
@@ -279,6 +296,15 @@ class _Stream:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _rejected(msg, max_inflight: int) -> asyncio.Future:
+    """The answer, already there, to a request over the stream's in-flight cap."""
+    answer = asyncio.get_running_loop().create_future()
+    answer.set_result(_Failure(msg, ServerError(
+        Code.UNAVAILABLE, f"the stream has {max_inflight} requests in flight, the most it "
+                          f"allows (--max-inflight-per-connection): retry later"), True))
+    return answer
 
 
 def _stream_response(msg, item: StreamedResponse):
@@ -360,17 +386,17 @@ def _handlers(service_name: str, servicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(service_name, table)
 
 
-MAX_MESSAGE = 2**31 - 1
-
-
-def build_server(dataplane: DataPlane) -> grpc.aio.Server:
+def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
+                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION) -> grpc.aio.Server:
+    """A message above `max_message_size` either way fails its RPC with gRPC's own
+    RESOURCE_EXHAUSTED."""
     server = grpc.aio.server(options=[
-        ("grpc.max_send_message_length", MAX_MESSAGE),
-        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", max_message_size),
+        ("grpc.max_receive_message_length", max_message_size),
         ("grpc.so_reuseport", 0),
     ])
     server.add_generic_rpc_handlers((
-        _handlers(proto.SERVICE_NAME, InferenceServicer(dataplane)),
+        _handlers(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream)),
         _handlers(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane)),
     ))
     return server

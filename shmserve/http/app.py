@@ -12,7 +12,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from shmserve.dataplane import DataPlane, DecoupledModel
+from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
 from shmserve.stats import stats_json
@@ -57,7 +57,31 @@ async def _errors(request, handler):
     except web.HTTPMethodNotAllowed:
         return _error(405, "Method Not Allowed")
     except web.HTTPRequestEntityTooLarge as exc:
-        return _error(400, f"request body exceeds the maximum input size: {exc.text}")
+        # 400 as Triton answers it (its INVALID_ARG), with the limit's flag named.
+        return _error(400, f"request body exceeds the maximum input size "
+                           f"(--http-max-input-size): {exc.text}")
+
+
+# aiohttp stops reading a connection once it holds this many parsed requests.
+AIOHTTP_PIPELINE_BOUND = 32
+
+
+def _pipelining_cap(max_inflight: int):
+    """A connection holds the request being served plus the pipelined ones aiohttp parsed
+    behind it (it serves one connection's requests one at a time, and stops reading a
+    connection with 32 parsed). Over `max_inflight`, requests are answered 503 at once, so a
+    client that floods one connection gets told instead of queued."""
+    message = (f"the connection has more than {max_inflight} requests in flight, the most it "
+               f"allows (--max-inflight-per-connection): retry later")
+
+    @web.middleware
+    async def cap(request, handler):
+        # aiohttp keeps the parsed requests in a private deque; if that ever goes away the
+        # cap stops applying (test_limits checks it does apply), nothing else breaks.
+        if len(getattr(request.protocol, "_messages", ())) >= max_inflight:
+            return _error(503, message)
+        return await handler(request)
+    return cap
 
 
 # Bodies above this are (de)compressed in a thread so the event loop keeps serving.
@@ -207,6 +231,13 @@ class HttpRoutes:
     async def generate_stream(self, request: web.Request):
         """Server-sent events, one per response. The first response fixes the HTTP status;
         an error after it arrives as an `error` event."""
+        self.dp.stream_opened()
+        try:
+            return await self._event_stream(request)
+        finally:
+            self.dp.stream_closed()
+
+    async def _event_stream(self, request: web.Request):
         infer_request = await self._generate_request(request)
         stream = None
         async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
@@ -265,8 +296,12 @@ RUNNER_OPTIONS = {
 }
 
 
-def build_app(dataplane: DataPlane, max_input_size: int) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=max_input_size)
+def build_app(dataplane: DataPlane, max_input_size: int,
+              max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION) -> web.Application:
+    middlewares = [_errors]
+    if max_inflight_per_connection < AIOHTTP_PIPELINE_BOUND:  # else aiohttp's bound comes first
+        middlewares.append(_pipelining_cap(max_inflight_per_connection))
+    app = web.Application(middlewares=middlewares, client_max_size=max_input_size)
     r = HttpRoutes(dataplane, max_input_size)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"

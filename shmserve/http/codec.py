@@ -271,7 +271,8 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
         array = np.array(data)
     except ValueError:
         raise invalid_arg(
-            f"Unable to parse 'data' of input '{name}': nested arrays of unequal length"
+            f"Unable to parse 'data' of input '{name}': nested arrays of unequal length "
+            "or nested too deep"
         ) from None
     _check_count(name, shape, expected, array.size)
     if array.size:
@@ -310,13 +311,20 @@ def _out_of_range(name: str, datatype: str):
 
 
 def _flatten_strings(data: list, into: list[str], name: str) -> None:
-    for element in data:
-        if type(element) is str:
-            into.append(element)
-        elif type(element) is list:
-            _flatten_strings(element, into, name)
+    # Without recursion: JSON may nest arrays deeper than Python's recursion limit.
+    pending = [iter(data)]
+    while pending:
+        for element in pending[-1]:
+            if type(element) is str:
+                into.append(element)
+            elif type(element) is list:
+                pending.append(iter(element))
+                break
+            else:
+                raise invalid_arg(
+                    f"Unable to parse 'data' of input '{name}': expected BYTES as JSON strings")
         else:
-            raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected BYTES as JSON strings")
+            pending.pop()
 
 
 def _check_count(name: str, shape: list[int], expected: int, got: int) -> None:

@@ -12,6 +12,8 @@ import re
 import posix_ipc
 
 _SERVER_PREFIX = "shmserve."
+# The granularity of Segment.reserve: few calls, little memory reserved ahead of use.
+RESERVE_STEP = 8 * 1024 * 1024
 # shmserve.<pid>.<tag>, as segment_name builds it (a pid never has a leading zero)
 _SERVER_NAME = re.compile(r"shmserve\.([1-9][0-9]*)\.[^/\x00]+")
 
@@ -28,11 +30,13 @@ class Segment:
     """A shared-memory object mapped read-write; `create` makes one, `attach` opens one.
     Offsets are relative to `start` bytes into the mapping."""
 
-    __slots__ = ("_name", "_size", "_mmap", "_buffer", "_owner")
+    __slots__ = ("_name", "_size", "_mmap", "_buffer", "_owner", "_start", "_reserved")
 
     def __init__(self, name: str, mapping: mmap.mmap, owner: bool, start: int = 0) -> None:
         self._name = name
         self._size = len(mapping) - start
+        self._start = start
+        self._reserved = 0  # bytes from `start` known to have memory behind them
         self._mmap: mmap.mmap | None = mapping
         # Every view handed out is a slice of this one memoryview, so the mapping has a single
         # export to account for when it is closed.
@@ -110,6 +114,32 @@ class Segment:
                 f"of {self._size} bytes"
             )
         return buffer[offset : offset + nbytes]
+
+    def reserve(self, end: int) -> bool:
+        """Make sure memory backs the first `end` bytes, so that writing there cannot fault;
+        False when /dev/shm has no room for them.
+
+        A segment is sparse: its pages are allocated when first touched, and a touch that
+        finds /dev/shm full is a SIGBUS, which kills the process instead of failing a request.
+        Writers call this before writing past what they reserved; it reserves whole
+        RESERVE_STEP chunks, so the cost (an open, a fallocate, a close) is rare.
+        """
+        if end <= self._reserved:
+            return True
+        start = self._start + self._reserved
+        stop = self._start + min(self._size, -(-end // RESERVE_STEP) * RESERVE_STEP)
+        try:
+            shm = posix_ipc.SharedMemory(self._name)
+        except posix_ipc.Error:
+            return False
+        try:
+            os.posix_fallocate(shm.fd, start, stop - start)
+        except OSError:
+            return False
+        finally:
+            shm.close_fd()
+        self._reserved = stop - self._start
+        return True
 
     def close(self) -> None:
         """Stop handing out views and unmap; safe to call again, and while views are alive.

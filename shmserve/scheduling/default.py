@@ -45,6 +45,11 @@ class DefaultScheduler:
         if not batch.cancelled() and batch.exception() is None:
             self._stats.record_execution(batch_size, batch.result()[1])
 
+    def default_bound_applies(self, work) -> bool:
+        """Whether the server's default queue bound may refuse `work`: always, as there is
+        no queue policy here."""
+        return True
+
     def close(self) -> None:
         """Nothing queued here outlives the pool: waiters fail when it closes."""
 

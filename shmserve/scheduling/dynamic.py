@@ -64,6 +64,11 @@ class DynamicBatcher:
                    ragged_inputs={i.name for i in config.input if i.allow_ragged_batch},
                    strategy=strategy, timer=timer)
 
+    def default_bound_applies(self, work) -> bool:
+        """Whether the server's default queue bound may refuse `work`: only when the config
+        sets no max_queue_size at any priority level."""
+        return not self._queue.bounded
+
     async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
         """Queue one request until it has run; returns (WorkResponse, BatchTimings, queue ns).
 

@@ -321,6 +321,11 @@ class EnsembleScheduler:
     def composing_models(self) -> frozenset:
         return self.plan.composing_models
 
+    def default_bound_applies(self, work) -> bool:
+        """An ensemble queues nothing itself (its pending count stays 0); each step is bounded
+        at its own model."""
+        return False
+
     async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
         """Run one request through the steps: (WorkResponse, BatchTimings, queue ns). The
         timings add up the compute times of its steps; an ensemble has no queue of its own.

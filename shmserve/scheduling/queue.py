@@ -22,6 +22,11 @@ class QueueRejection(ServerError):
         super().__init__(Code.UNAVAILABLE, message)
 
 
+def queue_full() -> QueueRejection:
+    """A model's queue policy, or the server's default bound, is at its maximum size."""
+    return QueueRejection("Exceeds maximum queue size")
+
+
 @dataclass(slots=True)
 class QueuePolicy:
     max_queue_size: int = 0  # 0: unbounded
@@ -92,6 +97,11 @@ class RequestQueue:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def bounded(self) -> bool:
+        """Some priority level has a max_queue_size of its own."""
+        return any(p.max_queue_size for p in self._policies)
+
     def level_of(self, priority: int) -> int:
         """A request's level: 0, or a value beyond the configured levels, means the default."""
         if priority <= 0 or priority > self.levels:
@@ -105,7 +115,7 @@ class RequestQueue:
         i = entry.level - 1
         cap = self._policies[i].max_queue_size
         if cap and len(self._main[i]) + len(self._delayed[i]) >= cap:
-            raise QueueRejection("Exceeds maximum queue size")
+            raise queue_full()
         self._main[i].append(entry)
         self._size += 1
 

@@ -135,6 +135,12 @@ class SequenceBatcher:
                    max_queue_delay_ns=direct.max_queue_delay_microseconds * 1000,
                    minimum_slot_utilization=direct.minimum_slot_utilization, **common)
 
+    def default_bound_applies(self, work) -> bool:
+        """Whether the server's default queue bound may refuse `work`: only a request that
+        starts a sequence, since refusing one in the middle would break a sequence that
+        already holds state in the model."""
+        return bool(work.flags & SEQUENCE_START) or (self._iterative and not work.correlation_id)
+
     async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
         """Queue one request of a sequence until it has run; returns (WorkResponse,
         BatchTimings, queue ns). Priorities and queue timeouts do not apply to sequences."""

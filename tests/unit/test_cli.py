@@ -102,3 +102,35 @@ def test_repository_poll_secs_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         parse_options(["--model-repository=/r", "--repository-poll-secs=0"])
     assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_limits_have_protective_defaults():
+    opts, _ = parse_options(["--model-repository=/r"])
+    assert opts.grpc_max_message_size == 2**31 - 1  # Triton's
+    assert opts.max_tensor_byte_size == 2**31
+    assert opts.max_inflight_per_connection == 64
+    assert opts.max_open_streams == 1024
+    assert opts.max_queue_size_default == 1024
+
+
+def test_limits_are_flags():
+    opts, _ = parse_options(["--model-repository=/r", "--http-max-input-size=1000",
+                             "--grpc-max-message-size=2000", "--max-tensor-byte-size=3000",
+                             "--max-inflight-per-connection=4", "--max-open-streams=5",
+                             "--max-queue-size-default=0"])
+    assert (opts.http_max_input_size, opts.grpc_max_message_size,
+            opts.max_tensor_byte_size) == (1000, 2000, 3000)
+    assert (opts.max_inflight_per_connection, opts.max_open_streams,
+            opts.max_queue_size_default) == (4, 5, 0)
+
+
+@pytest.mark.parametrize("flag,fragment", [
+    ("--grpc-max-message-size=2147483648", "cannot exceed 2147483647"),
+    ("--max-open-streams=0", "expected a positive integer"),
+    ("--max-queue-size-default=-1", "expected an integer >= 0"),
+    ("--http-max-input-size=0", "expected a positive integer"),
+])
+def test_limit_refusals(flag, fragment, capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model-repository=/r", flag])
+    assert fragment in capsys.readouterr().err
