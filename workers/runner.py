@@ -476,7 +476,7 @@ def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
         else:
             dtype = datatypes.numpy_dtype(tensor.datatype)
             array = np.frombuffer(tensor.buffer, dtype=dtype).reshape(tensor.shape)
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, MemoryError) as exc:
         raise ValueError(
             f"input '{tensor.name}' ({tensor.datatype}, shape {tensor.shape}) does not match "
             f"its bytes: {exc}"

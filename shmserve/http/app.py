@@ -168,11 +168,11 @@ class HttpRoutes:
         header = request.headers.get(HEADER_LENGTH)
         header_length = None
         if header is not None:
-            try:
-                header_length = int(header)
-            except ValueError:
+            # ASCII digits only: int() would also take "1_000", signs and other scripts' digits.
+            if not (header.isascii() and header.isdigit()):
                 raise ServerError(Code.INVALID_ARG,
-                                  f"Unable to parse {HEADER_LENGTH}, got: {header}") from None
+                                  f"Unable to parse {HEADER_LENGTH}, got: {header}")
+            header_length = int(header)
         body = await request.read()
         encoding = request.headers.get("Content-Encoding")
         if encoding and encoding.lower() != "identity":

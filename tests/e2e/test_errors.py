@@ -104,7 +104,7 @@ def test_http_malformed_json(server, clients):
 
 
 def test_http_bad_binary_header(server, clients):
-    for value in ("abc", "-1", "999999"):
+    for value in ("abc", "-1", "999999", "1_0", "+2"):
         status, body = _post(server, "/v2/models/add_sub/infer", b"{}",
                              {"Inference-Header-Content-Length": value})
         assert status == 400, (value, body)
