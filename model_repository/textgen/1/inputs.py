@@ -1,7 +1,41 @@
-"""textgen's request values: the checks both textgen and textgen_iterative apply (the
-latter reaches this file through a symlink, as it does transformer.py)."""
+"""textgen's request values: how both textgen and textgen_iterative read and check a request
+(the latter reaches this file through a symlink, as it does transformer.py)."""
+
+import json
 
 import triton_python_backend_utils as pb_utils
+
+from .transformer import SamplingParams, Sequence
+
+
+def read_request(request, model) -> tuple[Sequence, bool]:
+    """The request's sequence (its prompt and sampling settings, for `model`, a Transformer)
+    and whether it asks to stream: each value from the request's input of that name, else
+    from its request parameter, else the default."""
+    parameters = json.loads(request.parameters() or "{}")
+
+    def value(name, convert, default):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            array = tensor.as_numpy()
+            if array.size != 1:
+                raise ValueError(f"input '{name}' must hold one value, not {array.size}")
+            return convert(name, array.reshape(-1).tolist()[0])
+        if name in parameters:
+            return convert(name, parameters[name])
+        return default
+
+    prompt = value("text_input", text, None)
+    if prompt is None:
+        raise ValueError("input 'text_input' is required")
+    params = SamplingParams(
+        max_tokens=value("max_tokens", integer, 64),
+        temperature=value("temperature", number, 1.0),
+        top_p=value("top_p", number, 1.0),
+        stop=stop_sequences(request, parameters),
+        seed=value("seed", integer, None),
+    )
+    return Sequence(model.vocab.encode(prompt), params, model.context), value("stream", flag, False)
 
 
 def text(name, value) -> str:

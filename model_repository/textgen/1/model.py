@@ -23,7 +23,6 @@ A KIND_GPU instance computes with cupy when it imports (numpy otherwise).
 """
 
 import collections
-import json
 import os
 import queue
 import threading
@@ -33,7 +32,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import DecodeBatch, SamplingParams, Sequence, Transformer
+from .transformer import DecodeBatch, Sequence, Transformer
 
 # Sequences decoding together at most; more requests wait for a free slot.
 MAX_ACTIVE = 32
@@ -78,31 +77,8 @@ class TritonPythonModel:
     # --- requests ----------------------------------------------------------------------------
 
     def _job(self, request, sender) -> _Job:
-        parameters = json.loads(request.parameters() or "{}")
-
-        def value(name, convert, default):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                array = tensor.as_numpy()
-                if array.size != 1:
-                    raise ValueError(f"input '{name}' must hold one value, not {array.size}")
-                return convert(name, array.reshape(-1).tolist()[0])
-            if name in parameters:
-                return convert(name, parameters[name])
-            return default
-
-        prompt = value("text_input", inputs.text, None)
-        if prompt is None:
-            raise ValueError("input 'text_input' is required")
-        params = SamplingParams(
-            max_tokens=value("max_tokens", inputs.integer, 64),
-            temperature=value("temperature", inputs.number, 1.0),
-            top_p=value("top_p", inputs.number, 1.0),
-            stop=inputs.stop_sequences(request, parameters),
-            seed=value("seed", inputs.integer, None),
-        )
-        seq = Sequence(self._model.vocab.encode(prompt), params, self._model.context)
-        return _Job(request, sender, seq, value("stream", inputs.flag, False))
+        seq, stream = inputs.read_request(request, self._model)
+        return _Job(request, sender, seq, stream)
 
 
 class _Generator:

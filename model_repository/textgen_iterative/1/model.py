@@ -28,7 +28,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import SamplingParams, Sequence, Transformer, sample
+from .transformer import Sequence, Transformer, sample
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -186,7 +186,7 @@ class TritonPythonModel:
         """Starts the request's generation with a prefill of its prompt; on a bad input or a
         failure the request gets the error instead."""
         try:
-            seq, stream = self._read(request)
+            seq, stream = inputs.read_request(request, self._model)
         except ValueError as exc:
             _fail(request, str(exc), pb_utils.TritonError.INVALID_ARG)
             return False
@@ -220,35 +220,6 @@ class TritonPythonModel:
                     self._decoder.leave(key)
                     _fail(request, f"generation failed: {exc}")
             return []
-
-    def _read(self, request) -> tuple[Sequence, bool]:
-        """The request's prompt and settings: from its inputs, else from the request parameters
-        of the same names, else the defaults."""
-        parameters = json.loads(request.parameters() or "{}")
-
-        def value(name, convert, default):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                array = tensor.as_numpy()
-                if array.size != 1:
-                    raise ValueError(f"input '{name}' must hold one value, not {array.size}")
-                return convert(name, array.reshape(-1).tolist()[0])
-            if name in parameters:
-                return convert(name, parameters[name])
-            return default
-
-        prompt = value("text_input", inputs.text, None)
-        if prompt is None:
-            raise ValueError("input 'text_input' is required")
-        params = SamplingParams(
-            max_tokens=value("max_tokens", inputs.integer, 64),
-            temperature=value("temperature", inputs.number, 1.0),
-            top_p=value("top_p", inputs.number, 1.0),
-            stop=inputs.stop_sequences(request, parameters),
-            seed=value("seed", inputs.integer, None),
-        )
-        seq = Sequence(self._model.vocab.encode(prompt), params, self._model.context)
-        return seq, value("stream", inputs.flag, False)
 
 
 def _ready_control_input(batching: dict):
