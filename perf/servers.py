@@ -61,19 +61,38 @@ def _all_stats() -> dict[int, list[str]]:
     return stats
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """utime + stime of root and all its live descendants (python-backend stubs, workers)."""
-    stats = _all_stats()
+def _tree(root: int, stats: dict[int, list[str]]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, st in stats.items():
         children.setdefault(int(st[1]), []).append(pid)
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
         if pid in stats:
-            total += int(stats[pid][11]) + int(stats[pid][12])
+            found.append(pid)
         todo.extend(children.get(pid, []))
-    return total / CLK_TCK
+    return found
+
+
+def process_tree(root: int) -> list[int]:
+    """root and its live descendants (python-backend stubs, workers), root first."""
+    return _tree(root, _all_stats())
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """utime + stime of root and all its live descendants."""
+    stats = _all_stats()
+    return sum(int(stats[pid][11]) + int(stats[pid][12]) for pid in _tree(root, stats)) / CLK_TCK
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of one process (VmRSS), KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 class Server:
