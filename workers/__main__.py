@@ -90,6 +90,7 @@ def main(argv: list) -> int:
             device_id=init.device_id,
             model_repository=init.model_repository,
             state_memory=None if state_arena is None else state_arena.buffer,
+            state_reserve=None if state_arena is None else state_arena.reserve,
         )
         runner.initialize()
         from workers.loop import WorkerLoop

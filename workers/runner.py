@@ -165,9 +165,11 @@ class ModelRunner:
         device_id: int,
         model_repository: str,
         state_memory: memoryview | None = None,
+        state_reserve=None,
     ):
         """`state_memory`: where a sequence model's implicit state lives (shared memory the
-        front created for this instance), or None to keep it on the heap."""
+        front created for this instance), or None to keep it on the heap; `state_reserve`:
+        its segment's reserve (see workers/sequence.py)."""
         self._model_name = model_name
         self._model_version = model_version
         self._model_dir = model_dir
@@ -181,7 +183,7 @@ class ModelRunner:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         try:
             self._sequence = SequenceExtras.from_config(model_config, model_dir, instance_kind,
-                                                        state_memory)
+                                                        state_memory, state_reserve)
         except SequenceConfigError as exc:
             raise RunnerError(f"sequence batching of model '{model_name}': {exc}") from None
         self.iterative = bool(model_config.get("sequence_batching", {})

@@ -87,7 +87,7 @@ class SequenceExtras:
     """The extra inputs of one instance of a sequence model, and the state of its slots."""
 
     def __init__(self, model_config: dict, model_dir: str, instance_kind: str,
-                 state_memory: memoryview | None):
+                 state_memory: memoryview | None, reserve=None):
         batching = model_config["sequence_batching"]
         batched = model_config.get("max_batch_size", 0) > 0
         self._control_shape = (1, 1) if batched else (1,)
@@ -122,19 +122,23 @@ class SequenceExtras:
         # A decoupled model's responses, which update state, may come from its own threads.
         self._lock = threading.Lock()
         self._memory = state_memory
+        # reserve(end) -> bool: memory backs the arena's first `end` bytes (see
+        # shm.Segment.reserve); writing a sparse page on a full /dev/shm would be a SIGBUS.
+        self._reserve = reserve
         self._alloc = None if state_memory is None else ArenaAllocator(len(state_memory))
         if self._states and state_memory is None:
             log.warning("no state arena for this instance: implicit state stays on the heap")
 
     @classmethod
     def from_config(cls, model_config: dict, model_dir: str, instance_kind: str,
-                    state_memory: memoryview | None = None) -> "SequenceExtras | None":
+                    state_memory: memoryview | None = None,
+                    reserve=None) -> "SequenceExtras | None":
         """The extras of a model with `sequence_batching` control inputs or states, else
         None."""
         batching = model_config.get("sequence_batching")
         if batching is None or not (batching.get("control_input") or batching.get("state")):
             return None
-        return cls(model_config, model_dir, instance_kind, state_memory)
+        return cls(model_config, model_dir, instance_kind, state_memory, reserve)
 
     @property
     def arena_used(self) -> int:
@@ -243,9 +247,15 @@ class SequenceExtras:
             return _Held(pb_utils.Tensor._wrap(name, _read_only(array.copy()), datatype), None)
         nbytes = array.nbytes
         offset = self._alloc.alloc(nbytes)
-        if offset is None:
+        if offset is not None and self._reserve is not None and not self._reserve(offset + nbytes):
+            self._alloc.free(offset)
+            log.warning("no room in /dev/shm: state '%s' of %d bytes kept on the heap", name,
+                        nbytes)
+            offset = None
+        elif offset is None:
             log.warning("state arena full (%d of %d bytes held): state '%s' of %d bytes kept "
                         "on the heap", self._alloc.used, self._alloc.capacity, name, nbytes)
+        if offset is None:
             return _Held(pb_utils.Tensor._wrap(name, _read_only(array.copy()), datatype), None)
         view = np.frombuffer(self._memory[offset:offset + nbytes], dtype=array.dtype)
         view = view.reshape(array.shape)

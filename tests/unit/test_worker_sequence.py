@@ -52,8 +52,8 @@ def config_with(**batching):
     return config
 
 
-def extras_of(config, model_dir="/nonexistent", memory=None, kind="CPU"):
-    return SequenceExtras.from_config(config, model_dir, kind, memory)
+def extras_of(config, model_dir="/nonexistent", memory=None, kind="CPU", reserve=None):
+    return SequenceExtras.from_config(config, model_dir, kind, memory, reserve)
 
 
 def by_name(tensors):
@@ -244,6 +244,23 @@ def test_full_arena_keeps_state_on_the_heap(caplog):
     assert state_of(extras, 0).tolist() == [list(range(8))]
     extras.end(1, END, True)
     extras.end(0, END, True)
+    assert extras.arena_used == 0
+
+
+def test_no_room_in_dev_shm_keeps_state_on_the_heap(memory, caplog):
+    asked = []
+
+    def reserve(end):  # /dev/shm has room for nothing
+        asked.append(end)
+        return False
+
+    extras = extras_of(config_with(state=[ZERO_STATE]), memory=memory, reserve=reserve)
+    with caplog.at_level(logging.WARNING, logger="workers.sequence"):
+        extras.capture(0, True, state_response(np.array([[41]], np.int32)))
+    assert asked and "no room in /dev/shm" in caplog.text
+    state = state_of(extras, 0)
+    assert state.tolist() == [[41]]
+    assert not np.shares_memory(state, np.frombuffer(memory, np.uint8))
     assert extras.arena_used == 0
 
 
