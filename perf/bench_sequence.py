@@ -13,7 +13,6 @@ everything under perf/results/sequence-<date>-<time>/.
 """
 import argparse
 import json
-import signal
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, serve_and_measure
+from servers import add_server_arguments, new_run, run_metadata, Server, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, publish, run_servers, serve_and_measure
 
 MODELS = ("accumulate", "accumulate_oldest")
 CHECK_SEQUENCES = 16  # more than accumulate's 8 slots: some sequences wait for a free one
@@ -156,7 +155,7 @@ def table(records: list[dict], models, cases) -> str:
     return "\n".join(lines)
 
 
-def report(records: list[dict], errors: list[str], cases, args, elapsed_s: float) -> str:
+def report(records: list[dict], cases, args, elapsed_s: float) -> str:
     parts = [
         "### perf_analyzer, sequence models (T = Triton, S = shmserve; ratio = shmserve / Triton)\n",
         table(records, args.models, cases),
@@ -166,7 +165,7 @@ def report(records: list[dict], errors: list[str], cases, args, elapsed_s: float
         "count / execution count; server queue = perf_analyzer's server-side average; server CPU = the "
         "server's process tree over the perf_analyzer run. perf_analyzer -p 3000 --max-trials 20. "
         f"Run time {elapsed_s / 60:.1f} min."]
-    return "\n".join(parts) + "".join(f"\n- error: {e}" for e in errors)
+    return "\n".join(parts)
 
 
 def parse_args():
@@ -189,27 +188,12 @@ def main() -> int:
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
     (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env, models=args.models), indent=1, default=str))
 
-    # SIGTERM must also reach the finally blocks that stop the servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    records, errors = [], []
-    try:
-        for name in names:
-            errs = run_one(servers[name], cases, pa, out_dir, args, records)
-            errors += errs
-            for e in errs:
-                print(f"ERROR: {e}", file=sys.stderr)
-    except KeyboardInterrupt:  # report what was measured so far
-        errors.append("interrupted (Ctrl-C)")
-    finally:
-        end_run(servers, out_dir, records)
-
+    records = []
+    errors = run_servers(servers, names, out_dir, records,
+                         lambda server: run_one(server, cases, pa, out_dir, args, records))
     errors += [f"{r['server']} {r['model']} {r['protocol']} c={r['concurrency']}: {r['error']}"
                for r in records if r["error"]]
-    text = report(records, errors, cases, args, time.monotonic() - started)
-    (out_dir / "table.md").write_text(text + "\n")
-    print(text)
-    print(f"\nresults: {out_dir}", file=sys.stderr)
-    return 1 if errors else 0
+    return publish(out_dir, report(records, cases, args, time.monotonic() - started), errors)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ perf/results/.
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, serve_and_measure
+from servers import add_server_arguments, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, publish, run_servers, serve_and_measure
 
 MODEL = "identity_fp32"
 FP32_BYTES = 4
@@ -244,7 +243,7 @@ def memcpy_section(memcpy: dict, pa: dict, cases) -> str:
     return "\n".join(lines)
 
 
-def report(records: list[dict], errors: list[str], cases, elapsed_s: float) -> str:
+def report(records: list[dict], cases, elapsed_s: float) -> str:
     pa = {(r["server"], r["mode"], r["mib"], r["concurrency"]): r
           for r in records if r["kind"] == "perf_analyzer" and r["error"] is None}
     memcpy = next(r for r in records if r["kind"] == "memcpy")
@@ -268,7 +267,7 @@ def report(records: list[dict], errors: list[str], cases, elapsed_s: float) -> s
              f"{COUNT_WINDOWS_FROM_MIB} MiB and more without shm. Issue's Triton figures for 4 MiB: c=1 through shm p50 1.8 ms, "
              f"540 infer/s (7.8 ms, 110 infer/s without); c=8 through shm 670 infer/s. "
              f"Run time {elapsed_s / 60:.1f} min."]
-    return "\n".join(parts) + "".join(f"\n- error: {e}" for e in errors)
+    return "\n".join(parts)
 
 
 def parse_args():
@@ -289,25 +288,13 @@ def main() -> int:
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
     (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env, model=MODEL), indent=1, default=str))
 
-    # SIGTERM must also reach the finally blocks that stop the servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    records, errors = [memcpy_bandwidth(64 * MIB)], []
+    records = [memcpy_bandwidth(64 * MIB)]
     print(json.dumps(records[0]), file=sys.stderr, flush=True)
-    try:
-        for name in names:
-            errors += run_one(servers[name], cases, pa, out_dir, records)
-    except KeyboardInterrupt:  # report what was measured so far
-        errors.append("interrupted (Ctrl-C)")
-    finally:
-        end_run(servers, out_dir, records)
-
+    errors = run_servers(servers, names, out_dir, records,
+                         lambda server: run_one(server, cases, pa, out_dir, records))
     errors += [f"{r['server']} {r['mode']} {r['mib']} MiB c={r['concurrency']}: {r['error']}"
                for r in records if r["kind"] == "perf_analyzer" and r["error"]]
-    text = report(records, errors, cases, time.monotonic() - started)
-    (out_dir / "table.md").write_text(text + "\n")
-    print(text)
-    print(f"\nresults: {out_dir}", file=sys.stderr)
-    return 1 if errors else 0
+    return publish(out_dir, report(records, cases, time.monotonic() - started), errors)
 
 
 if __name__ == "__main__":
