@@ -32,7 +32,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import DecodeBatch, Sequence, Transformer
+from .transformer import DecodeBatch, Sequence, Transformer, array_module
 
 # Sequences decoding together at most; more requests wait for a free slot.
 MAX_ACTIVE = 32
@@ -50,7 +50,7 @@ class _Job:
 
 class TritonPythonModel:
     def initialize(self, args):
-        xp = _array_module(args.get("model_instance_kind", "CPU"))
+        xp = array_module(args.get("model_instance_kind", "CPU"))
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights.npz")
         self._model = Transformer.load(path, xp)
         self._jobs = queue.SimpleQueue()  # _Job, or None to stop
@@ -149,16 +149,6 @@ class _Generator:
             elif job.stream and piece and not _send(job, _text_response(piece), 0):
                 self._batch.remove(seq)
                 del self._active[seq]
-
-
-def _array_module(instance_kind: str):
-    if instance_kind == "GPU":
-        try:
-            import cupy
-        except ImportError:
-            return np
-        return cupy
-    return np
 
 
 def _text_response(text: str):

@@ -25,6 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
+def array_module(instance_kind: str):
+    """cupy for a GPU instance where it is installed, else numpy: what the model computes with."""
+    if instance_kind == "GPU":
+        try:
+            import cupy
+        except ImportError:
+            return np
+        return cupy
+    return np
+
+
 # Token i is VOCAB[i]. Newline first, then printable ASCII in code order.
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127))
 

@@ -28,7 +28,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import Sequence, Transformer, sample
+from .transformer import Sequence, Transformer, array_module, sample
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -136,7 +136,7 @@ class TritonPythonModel:
         # As many generations as the scheduler can have going on this instance.
         capacity = batching.get("oldest", {}).get("max_candidate_sequences")
         capacity = int(capacity or config["max_batch_size"] or 1)
-        xp = _array_module(args.get("model_instance_kind", "CPU"))
+        xp = array_module(args.get("model_instance_kind", "CPU"))
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights.npz")
         self._model = Transformer.load(path, xp)
         self._decoder = Decoder(self._model, capacity)
@@ -233,16 +233,6 @@ def _ready_control_input(batching: dict):
 def _is_ready(request, name: str) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return tensor is not None and bool(tensor.as_numpy().any())
-
-
-def _array_module(instance_kind: str):
-    if instance_kind == "GPU":
-        try:
-            import cupy
-        except ImportError:
-            return np
-        return cupy
-    return np
 
 
 def _text_response(text: str):
