@@ -1,5 +1,6 @@
-"""The ceiling our transports put on shmserve: echo servers with no model, no scheduler and
-no worker, on the same Python stacks shmserve uses, driven by the same load generator.
+"""The ceiling transports put on shmserve: echo servers with no model, no scheduler and no
+worker, on shmserve's own gRPC layer and on the Python stacks it chose between, driven by the
+same load generator.
 
     .venv/bin/python perf/transport_floor.py [--concurrency 1 32] [--port 18400]
 
@@ -20,6 +21,7 @@ from servers import tree_cpu_seconds
 
 STACKS = {
     # name: (protocol, how the echo server runs)
+    "shmserve's gRPC (h2) + uvloop": ("grpc", "shmserve-h2"),
     "grpc.aio + uvloop": ("grpc", "grpc-aio"),
     "grpc sync, 8 threads": ("grpc", "grpc-sync"),
     "aiohttp + uvloop": ("http", "aiohttp"),
@@ -53,6 +55,16 @@ if mode == "grpc-sync":
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
+elif mode == "shmserve-h2":
+    import asyncio, uvloop
+    from shmserve.grpc.transport import GrpcServer, Method
+    async def main():
+        async def echo(raw, call):
+            return grpc_echo(raw)
+        server = GrpcServer({METHOD: Method(echo, None, bytes, False)}, 2**31 - 1)
+        await server.start("127.0.0.1", port)
+        await asyncio.Event().wait()
+    uvloop.run(main())
 elif mode == "grpc-aio":
     import uvloop
     async def main():

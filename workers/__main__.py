@@ -10,6 +10,7 @@ keep their level and source and a traceback stays one record. stdin carries the 
 verbose level, one line per change.
 """
 
+import gc
 import json
 import logging
 import os
@@ -98,6 +99,9 @@ def main(argv: list) -> int:
     except Exception as exc:  # reported to the front, which marks the model unavailable
         channel.send(messages.Ready(f"{type(exc).__name__}: {exc}"))
         return 1
+    # The model and its libraries live as long as the worker: out of the collector's sight,
+    # full collections between batches scan only what requests leave behind.
+    gc.freeze()
     channel.send(messages.Ready("", runner.has_readiness_hook))
     try:
         loop.run()

@@ -1,7 +1,7 @@
 """gRPC endpoints: inference.GRPCInferenceService and grpc.health.v1.Health.
 
-Transport only: each RPC decodes, calls the dataplane, and encodes. Registered through
-generic handlers over our private-pool message classes, so no generated stubs are needed.
+Each RPC decodes, calls the dataplane, and encodes; transport.py carries the calls. Methods are
+registered by path over our private-pool message classes, so no generated stubs are needed.
 """
 
 import asyncio
@@ -9,31 +9,35 @@ import collections
 import contextlib
 import logging
 
-import grpc
 from google.protobuf import json_format
 
 from shmserve import proto
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
 from shmserve.errors import Code, ServerError
-from shmserve.grpc import codec
+from shmserve.grpc import codec, transport
+from shmserve.grpc.transport import GrpcServer, Method, RpcError
 from shmserve.inference import StreamedResponse
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.grpc")
 
 STATUS = {
-    Code.INTERNAL: grpc.StatusCode.INTERNAL,
-    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
-    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Code.CANCELLED: grpc.StatusCode.CANCELLED,
-    Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    Code.INTERNAL: transport.INTERNAL,
+    Code.NOT_FOUND: transport.NOT_FOUND,
+    Code.UNAVAILABLE: transport.UNAVAILABLE,
+    Code.UNSUPPORTED: transport.UNIMPLEMENTED,
+    Code.INVALID_ARG: transport.INVALID_ARGUMENT,
+    Code.ALREADY_EXISTS: transport.ALREADY_EXISTS,
+    Code.CANCELLED: transport.CANCELLED,
+    Code.UNKNOWN: transport.UNKNOWN,
 }
 
 SERVING = 1
+
+
+def _rpc_error(exc: ServerError) -> RpcError:
+    return RpcError(STATUS.get(exc.code, transport.UNKNOWN), exc.message)
 
 
 def _unary(fn):
@@ -41,7 +45,7 @@ def _unary(fn):
         try:
             return await fn(request)
         except ServerError as exc:
-            await context.abort(STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), exc.message)
+            raise _rpc_error(exc) from None
     return handler
 
 
@@ -177,7 +181,7 @@ class InferenceServicer:
         except ServerError as exc:
             # UNAVAILABLE rather than RESOURCE_EXHAUSTED: it is Triton's code for "busy, retry"
             # (a full queue), and gRPC retry policies treat it as retryable.
-            await context.abort(STATUS[exc.code], exc.message)
+            raise _rpc_error(exc) from None
         stream = _Stream(self.dp, self.max_inflight_per_stream)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
@@ -188,8 +192,7 @@ class InferenceServicer:
                 out, written = item
                 if isinstance(out, _Failure):
                     if grpc_error:
-                        await context.abort(STATUS.get(out.error.code, grpc.StatusCode.UNKNOWN),
-                                            out.error.message)
+                        raise _rpc_error(out.error)
                     out = out.in_band()
                 yield out
                 if written is not None:
@@ -368,35 +371,28 @@ def _serialize(response) -> bytes:
     return response if type(response) is bytes else response.SerializeToString()
 
 
-def _handlers(service_name: str, servicer) -> grpc.GenericRpcHandler:
+def _methods(service_name: str, servicer) -> dict:
     table = {}
     for name, req_cls, resp_cls, client_stream, server_stream in proto.methods(service_name):
         fn = getattr(servicer, name, None)
         if fn is None:
-            continue  # grpc answers UNIMPLEMENTED for methods without a handler
-        if client_stream and server_stream:
-            table[name] = grpc.stream_stream_rpc_method_handler(
-                fn, request_deserializer=req_cls.FromString,
-                response_serializer=resp_cls.SerializeToString)
-        elif not client_stream and not server_stream:
-            # ModelInfer parses its request itself (codec.parse_model_infer_request).
-            table[name] = grpc.unary_unary_rpc_method_handler(
-                _unary(fn), request_deserializer=None if name == "ModelInfer" else req_cls.FromString,
-                response_serializer=_serialize)
-    return grpc.method_handlers_generic_handler(service_name, table)
+            continue  # the transport answers UNIMPLEMENTED for methods without a handler
+        if client_stream != server_stream:
+            raise ValueError(f"{service_name}/{name}: one-sided streaming is not served")
+        # ModelInfer parses its request itself (codec.parse_model_infer_request).
+        table[f"/{service_name}/{name}"] = Method(
+            handler=fn if client_stream else _unary(fn),
+            deserialize=None if name == "ModelInfer" else req_cls.FromString,
+            serialize=_serialize if name == "ModelInfer" else resp_cls.SerializeToString,
+            streaming=client_stream)
+    return table
 
 
 def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
-                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION) -> grpc.aio.Server:
-    """A message above `max_message_size` either way fails its RPC with gRPC's own
-    RESOURCE_EXHAUSTED."""
-    server = grpc.aio.server(options=[
-        ("grpc.max_send_message_length", max_message_size),
-        ("grpc.max_receive_message_length", max_message_size),
-        ("grpc.so_reuseport", 0),
-    ])
-    server.add_generic_rpc_handlers((
-        _handlers(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream)),
-        _handlers(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane)),
-    ))
-    return server
+                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION) -> GrpcServer:
+    """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
+    as gRPC's own limit does."""
+    return GrpcServer({
+        **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream)),
+        **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane)),
+    }, max_message_size)

@@ -97,12 +97,14 @@ def test_http_body_over_the_max_input_size_is_refused(limited):
     assert_serves(limited)
 
 
-def test_grpc_message_over_the_max_message_size_is_refused(limited):
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_grpc_message_over_the_max_message_size_is_refused(limited, compression):
+    """Compressed, the message is far below the limit: its decompressed size counts."""
     with grpcclient.InferenceServerClient(limited.grpc_url) as client:
         tensor = grpcclient.InferInput("INPUT0", [1, MAX_INPUT // 4 + 16], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, MAX_INPUT // 4 + 16), np.float32))
         with pytest.raises(InferenceServerException) as e:
-            client.infer("identity_fp32", [tensor])
+            client.infer("identity_fp32", [tensor], compression_algorithm=compression)
         assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     assert_serves(limited)
 

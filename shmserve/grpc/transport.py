@@ -1,0 +1,576 @@
+"""gRPC over HTTP/2, driven straight from the event loop: the h2 library speaks HTTP/2 (frames,
+HPACK, flow control, stream states); this module is the thin gRPC layer above it (length-
+prefixed messages, status trailers, metadata, deadlines, compression, message size limits).
+
+Why not grpcio's server: on the 2-core reference machine grpc.aio costs about 190 µs of CPU per
+unary call before a handler does anything (perf/transport_floor.py), much of it handing each
+event from its completion-queue thread to the loop. h2 fed by the loop's own protocol callbacks
+costs about half of that, and nothing crosses a thread. grpclib, the asyncio gRPC library built
+on h2, measured no better than grpc.aio here, so the layer above h2 is ours and kept small.
+"""
+
+import asyncio
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+
+log = logging.getLogger("shmserve.grpc")
+
+# gRPC status codes (grpc/doc/statuscodes.md).
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
+NOT_FOUND = 5
+ALREADY_EXISTS = 6
+RESOURCE_EXHAUSTED = 8
+UNIMPLEMENTED = 12
+INTERNAL = 13
+UNAVAILABLE = 14
+
+# Every stream may hold this much unread data: large tensors arrive without waiting for a
+# window update every 64 KiB. A stream's data is read as it comes (see _Call.take), so this
+# bounds nothing but the client's pace.
+STREAM_WINDOW = 16 * 1024 * 1024
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_FRAME_SIZE = 1024 * 1024
+# HTTP/2 streams per connection (each is one call). The caps on work are the dataplane's
+# (--max-inflight-per-connection, --max-open-streams); this one bounds per-connection state.
+MAX_CONCURRENT_STREAMS = 65536
+
+# h2's header checks are generator chains that cost a tenth of a call's CPU. Ours are fixed
+# and valid; of a client's, only :path, content-type, grpc-encoding and grpc-timeout are read,
+# as opaque bytes, so malformed ones can do no harm and are not worth checking.
+_H2_CONFIG = h2.config.H2Configuration(
+    client_side=False, header_encoding=None, validate_outbound_headers=False,
+    normalize_outbound_headers=False, validate_inbound_headers=False,
+    normalize_inbound_headers=False)
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+_OK_TRAILERS = ((b"grpc-status", b"0"),)
+# Headers that are HTTP/2 or gRPC machinery, not the caller's metadata.
+_RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
+                       b"grpc-accept-encoding", b"user-agent"))
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_WBITS = {b"gzip": 31, b"deflate": 15}
+
+
+class RpcError(Exception):
+    """Ends a call with a gRPC status; raised by handlers (through `abort`) and by this layer."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Method:
+    """A handler: `unary` ones are `async fn(request, call) -> response`; streaming ones
+    (client and server streaming) are async generators `fn(requests, call)`. `deserialize`
+    turns a message's bytes into the request (None: the handler takes the bytes);
+    `serialize` turns a response into bytes (bytes pass as they are)."""
+
+    handler: Callable
+    deserialize: Callable | None
+    serialize: Callable
+    streaming: bool
+
+
+class _Call:
+    """One RPC: what its handler sees as `context`, and as the request iterator of a
+    streaming method."""
+
+    __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "buffer", "messages",
+                 "remote_ended", "waiter", "unacked", "task", "deadline", "expired",
+                 "headers_sent", "finished", "window_waiter")
+
+    def __init__(self, conn: "_Connection", stream_id: int, method: Method, headers: list,
+                 encoding: bytes | None):
+        self.conn = conn
+        self.stream_id = stream_id
+        self.method = method
+        self.headers = headers
+        self.encoding = encoding
+        self.buffer = bytearray()
+        self.messages: list = []  # complete messages the handler has not taken yet
+        self.remote_ended = False
+        self.waiter: asyncio.Future | None = None
+        self.unacked = 0  # flow-controlled bytes of messages not taken yet
+        self.task: asyncio.Task | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self.expired = False
+        self.headers_sent = False
+        self.finished = False
+        self.window_waiter: asyncio.Future | None = None
+
+    # The handler's context.
+    def invocation_metadata(self) -> tuple:
+        return tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers
+                     if k[:1] != b":" and k not in _RESERVED)
+
+    async def abort(self, code: int, message: str):
+        raise RpcError(code, message)
+
+    # The request iterator of a streaming method.
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self.messages:
+            if self.remote_ended or self.finished:
+                raise StopAsyncIteration
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.conn.take(self)
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: "GrpcServer"):
+        self.server = server
+        self.calls: dict = {}
+        self.transport = None
+        self.h2 = None
+        self._paused: asyncio.Future | None = None
+        self._flush_scheduled = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        conn = h2.connection.H2Connection(config=_H2_CONFIG)
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
+        })
+        conn.max_inbound_frame_size = MAX_FRAME_SIZE
+        conn.initiate_connection()
+        conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self.h2 = conn
+        self.server.connections.add(self)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.debug("gRPC connection closed: HTTP/2 protocol error: %s", exc)
+            self.flush()
+            self.transport.close()
+            return
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.DataReceived:
+                self._data(event)
+            elif kind is h2.events.RequestReceived:
+                self._request(event)
+            elif kind is h2.events.StreamEnded:
+                self._ended(event.stream_id)
+            elif kind is h2.events.StreamReset:
+                self._reset(event.stream_id)
+            elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+                self._window_opened()
+            elif kind is h2.events.ConnectionTerminated:
+                self.transport.close()
+        self.flush()
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+        for call in list(self.calls.values()):
+            self._drop(call)
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._paused is None or self._paused.done():
+            self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    # Writing
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        data = self.h2.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def flush_soon(self) -> None:
+        """Responses that leave in the same loop iteration share one write."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def goaway(self) -> None:
+        try:
+            self.h2.close_connection()
+        except h2.exceptions.ProtocolError:
+            pass
+        self.flush()
+
+    # Events
+    def _request(self, event) -> None:
+        sid = event.stream_id
+        path = encoding = timeout = None
+        content_type = b""
+        for key, value in event.headers:
+            if key == b":path":
+                path = value
+            elif key == b"content-type":
+                content_type = value
+            elif key == b"grpc-encoding":
+                encoding = value
+            elif key == b"grpc-timeout":
+                timeout = value
+        method = self.server.methods.get(path)
+        if not content_type.startswith(b"application/grpc"):
+            self._refuse(sid, UNKNOWN, "content-type must be application/grpc", b"415")
+            return
+        if method is None:
+            self._refuse(sid, UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}"
+                         if path else "no :path")
+            return
+        if encoding == b"identity":
+            encoding = None
+        if encoding is not None and encoding not in _WBITS:
+            self._refuse(sid, UNIMPLEMENTED, "Compression algorithm "
+                                             f"'{encoding.decode('latin-1')}' not supported")
+            return
+        if self.server.stopping:
+            self._refuse(sid, UNAVAILABLE, "the server is shutting down")
+            return
+        call = _Call(self, sid, method, event.headers, encoding)
+        self.calls[sid] = call
+        if timeout is not None:
+            seconds = _timeout_seconds(timeout)
+            if seconds is None:
+                self._fail(call, INTERNAL, f"invalid grpc-timeout: {timeout.decode('latin-1')}")
+                return
+            call.deadline = asyncio.get_running_loop().call_later(seconds, self._expire, call)
+        if method.streaming:
+            call.task = asyncio.ensure_future(self._serve(call, self._stream))
+
+    def _data(self, event) -> None:
+        sid = event.stream_id
+        call = self.calls.get(sid)
+        size = event.flow_controlled_length
+        if call is None or call.finished:
+            self._ack(size, sid)
+            return
+        call.unacked += size
+        buffer = call.buffer
+        buffer += event.data
+        limit = self.server.max_message_size
+        while len(buffer) >= 5:
+            length = int.from_bytes(buffer[1:5], "big")
+            if length > limit:
+                self._fail(call, RESOURCE_EXHAUSTED,
+                           f"Received message larger than max ({length} vs. {limit})")
+                return
+            end = 5 + length
+            if len(buffer) < end:
+                break
+            compressed = buffer[0]
+            if len(buffer) == end:
+                # The usual case: the buffer is one message, handed on without a copy.
+                message = memoryview(buffer)[5:]
+                buffer = call.buffer = bytearray()
+            else:
+                with memoryview(buffer) as view:
+                    message = bytes(view[5:end])
+                del buffer[:end]
+            if compressed:
+                try:
+                    message = self._decompress(call, message)
+                except RpcError as exc:
+                    self._fail(call, exc.code, exc.message)
+                    return
+            call.messages.append(message)
+            call.wake()
+        if not call.messages:
+            # Mid-message: the rest must come before anything can be taken.
+            self._ack(call.unacked, sid)
+            call.unacked = 0
+
+    def _decompress(self, call: _Call, message) -> bytes:
+        if call.encoding is None:
+            raise RpcError(INTERNAL, "a compressed message without grpc-encoding")
+        limit = self.server.max_message_size
+        inflater = zlib.decompressobj(_WBITS[call.encoding])
+        try:
+            out = inflater.decompress(message, limit + 1)
+        except zlib.error as exc:
+            raise RpcError(INTERNAL, f"cannot decompress the message: {exc}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise RpcError(RESOURCE_EXHAUSTED,
+                           f"Received message larger than max (more than {limit} decompressed)")
+        if not inflater.eof:
+            raise RpcError(INTERNAL, "cannot decompress the message: it is truncated")
+        return out
+
+    def take(self, call: _Call):
+        """The next message of `call`, deserialized; its flow-control credit goes back now."""
+        message = call.messages.pop(0)
+        if not call.messages and call.unacked:
+            self._ack(call.unacked, call.stream_id)
+            call.unacked = 0
+            self.flush_soon()
+        deserialize = call.method.deserialize
+        if deserialize is None:
+            return message
+        try:
+            return deserialize(message)
+        except Exception as exc:
+            raise RpcError(INTERNAL, f"cannot parse the request message: {exc}") from None
+
+    def _ended(self, sid: int) -> None:
+        call = self.calls.get(sid)
+        if call is None or call.finished:
+            return
+        call.remote_ended = True
+        if call.buffer:
+            self._fail(call, INTERNAL, "the stream ended inside a message")
+        elif call.method.streaming:
+            call.wake()
+        elif len(call.messages) != 1:
+            self._fail(call, UNIMPLEMENTED if call.messages else INTERNAL,
+                       "a unary call takes exactly one request message")
+        else:
+            call.task = asyncio.ensure_future(self._serve(call, self._unary))
+
+    def _reset(self, sid: int) -> None:
+        """The client cancelled the call: its handler is cancelled, nothing more is sent."""
+        call = self.calls.get(sid)
+        if call is not None:
+            self._drop(call)
+
+    def _drop(self, call: _Call) -> None:
+        call.finished = True
+        self._forget(call)
+        if call.task is not None:
+            call.task.cancel()
+        call.wake()
+        if call.window_waiter is not None and not call.window_waiter.done():
+            call.window_waiter.set_result(None)
+
+    def _expire(self, call: _Call) -> None:
+        call.deadline = None
+        if call.finished:
+            return
+        if call.task is not None and not call.task.done():
+            call.expired = True
+            call.task.cancel()
+        else:
+            self._fail(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self.flush()
+
+    def _window_opened(self) -> None:
+        for call in self.calls.values():
+            waiter = call.window_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _ack(self, size: int, sid: int) -> None:
+        if size:
+            try:
+                self.h2.acknowledge_received_data(size, sid)
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                pass
+
+    # Serving
+    async def _serve(self, call: _Call, body) -> None:
+        """Runs `body(call)`, then ends the call with its status."""
+        try:
+            await body(call)
+            self._finish(call, OK, "")
+        except asyncio.CancelledError:
+            self._cancelled(call)
+        except RpcError as exc:
+            self._fail(call, exc.code, exc.message)
+        except Exception:
+            log.exception("gRPC handler for stream %d failed", call.stream_id)
+            self._fail(call, UNKNOWN, "Unexpected error in the RPC handler")
+
+    async def _unary(self, call: _Call) -> None:
+        response = await call.method.handler(self.take(call), call)
+        await self._send_message(call, call.method.serialize(response))
+
+    async def _stream(self, call: _Call) -> None:
+        serialize = call.method.serialize
+        responses = call.method.handler(call, call)
+        try:
+            async for response in responses:
+                await self._send_message(call, serialize(response))
+        finally:
+            await responses.aclose()
+
+    def _cancelled(self, call: _Call) -> None:
+        if call.expired:
+            self._fail(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+        elif not call.finished:
+            self._fail(call, CANCELLED, "the server stopped the call")
+
+    async def _send_message(self, call: _Call, data: bytes) -> None:
+        if call.finished:
+            raise asyncio.CancelledError
+        limit = self.server.max_message_size
+        if len(data) > limit:
+            raise RpcError(RESOURCE_EXHAUSTED,
+                           f"Sent message larger than max ({len(data)} vs. {limit})")
+        conn = self.h2
+        sid = call.stream_id
+        if not call.headers_sent:
+            conn.send_headers(sid, _RESPONSE_HEADERS)
+            call.headers_sent = True
+        prefix = b"\0" + len(data).to_bytes(4, "big")
+        if len(data) + 5 <= min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size):
+            conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
+            self.flush_soon()
+            return
+        await self._send_large(call, prefix, memoryview(data))
+
+    async def _send_large(self, call: _Call, prefix: bytes, view: memoryview) -> None:
+        conn = self.h2
+        sid = call.stream_id
+        pending = [memoryview(prefix), view]
+        loop = asyncio.get_running_loop()
+        for chunk in pending:
+            while chunk:
+                if call.finished:
+                    raise asyncio.CancelledError
+                size = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                           len(chunk))
+                if size <= 0:
+                    self.flush()
+                    call.window_waiter = loop.create_future()
+                    await call.window_waiter
+                    call.window_waiter = None
+                    continue
+                conn.send_data(sid, chunk[:size])
+                chunk = chunk[size:]
+                self.flush()
+                if self._paused is not None:
+                    await self._paused
+
+    def _finish(self, call: _Call, code: int, message: str) -> None:
+        """Ends the call with its status in the trailers (alone when nothing was sent)."""
+        if call.finished:
+            return
+        call.finished = True
+        self._forget(call)
+        trailers = _OK_TRAILERS if code == OK else (
+            (b"grpc-status", str(code).encode()),
+            (b"grpc-message", _percent_encode(message)))
+        if not call.headers_sent:
+            trailers = _RESPONSE_HEADERS + trailers
+        try:
+            self.h2.send_headers(call.stream_id, trailers, end_stream=True)
+            if not call.remote_ended:
+                # The answer is complete: whatever the client still sends is not wanted.
+                self.h2.reset_stream(call.stream_id)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            return
+        self.flush_soon()
+
+    def _fail(self, call: _Call, code: int, message: str) -> None:
+        task = call.task
+        self._finish(call, code, message)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        call.wake()
+
+    def _refuse(self, sid: int, code: int, message: str, status: bytes = b"200") -> None:
+        try:
+            self.h2.send_headers(sid, ((b":status", status),
+                                       (b"content-type", b"application/grpc"),
+                                       (b"grpc-status", str(code).encode()),
+                                       (b"grpc-message", _percent_encode(message))),
+                                 end_stream=True)
+            self.h2.reset_stream(sid)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+
+    def _forget(self, call: _Call) -> None:
+        self.calls.pop(call.stream_id, None)
+        if call.deadline is not None:
+            call.deadline.cancel()
+            call.deadline = None
+        if not self.calls and self.server.stopping:
+            self.server.idle_check()
+
+
+class GrpcServer:
+    """Serves `methods` ({"/package.Service/Method": Method}) on one TCP address."""
+
+    def __init__(self, methods: dict, max_message_size: int):
+        self.methods = {path.encode(): method for path, method in methods.items()}
+        self.max_message_size = max_message_size
+        self.connections: set = set()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+        self._idle: asyncio.Event | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port,
+                                                reuse_address=True)
+
+    def idle_check(self) -> None:
+        if self._idle is not None and not any(c.calls for c in self.connections):
+            self._idle.set()
+
+    async def stop(self, grace: float) -> None:
+        """No new connections or calls; calls in flight get `grace` seconds to finish, then
+        they are cancelled and every connection is closed."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        self._idle = asyncio.Event()
+        for conn in list(self.connections):
+            conn.goaway()
+        self.idle_check()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except asyncio.TimeoutError:
+            pass
+        for conn in list(self.connections):
+            for call in list(conn.calls.values()):
+                conn._fail(call, UNAVAILABLE, "the server is shutting down")
+            conn.flush()
+            conn.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+
+def _timeout_seconds(value: bytes) -> float | None:
+    """grpc-timeout: up to 8 digits and a unit (H, M, S, m, u, n)."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+        return None
+    return int(digits) * _TIMEOUT_UNITS[unit]
+
+
+def _percent_encode(message: str) -> bytes:
+    """grpc-message: UTF-8, with bytes outside printable ASCII and '%' as %XX."""
+    raw = message.encode("utf-8", "replace")
+    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
+        return raw
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+                    for b in raw)
