@@ -73,10 +73,10 @@ class RpcError(Exception):
 
 @dataclass(frozen=True)
 class Method:
-    """A handler: `unary` ones are `async fn(request, call) -> response`; streaming ones
-    (client and server streaming) are async generators `fn(requests, call)`. `deserialize`
-    turns a message's bytes into the request (None: the handler takes the bytes);
-    `serialize` turns a response into bytes (bytes pass as they are)."""
+    """A handler: unary ones are `async fn(request, call) -> response`; streaming ones (both
+    sides streaming) are async generators `fn(requests, call)`. `deserialize` turns a message
+    (bytes-like) into the request, or is None for a handler that takes the message as it is;
+    `serialize` turns a response into bytes."""
 
     handler: Callable
     deserialize: Callable | None
@@ -186,6 +186,8 @@ class _Connection(asyncio.Protocol):
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
                 self._window_opened()
             elif kind is h2.events.ConnectionTerminated:
+                # h2 sends nothing more once the peer's GOAWAY is in (its calls in flight are
+                # cancelled); gRPC clients send it when they close, with no calls left.
                 self.transport.close()
         self.flush()
 
@@ -438,6 +440,8 @@ class _Connection(asyncio.Protocol):
         if not call.headers_sent:
             conn.send_headers(sid, _RESPONSE_HEADERS)
             call.headers_sent = True
+        if self._paused is not None and not self._paused.done():
+            await self._paused  # the socket is not keeping up: the handler waits
         prefix = b"\0" + len(data).to_bytes(4, "big")
         if len(data) + 5 <= min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size):
             conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
@@ -465,7 +469,7 @@ class _Connection(asyncio.Protocol):
                 conn.send_data(sid, chunk[:size])
                 chunk = chunk[size:]
                 self.flush()
-                if self._paused is not None:
+                if self._paused is not None and not self._paused.done():
                     await self._paused
 
     def _finish(self, call: _Call, code: int, message: str) -> None:
@@ -508,6 +512,12 @@ class _Connection(asyncio.Protocol):
 
     def _forget(self, call: _Call) -> None:
         self.calls.pop(call.stream_id, None)
+        if call.unacked:
+            # Messages nobody will take: their credit goes back, or the connection's window
+            # would shrink for good.
+            self._ack(call.unacked, call.stream_id)
+            call.unacked = 0
+            self.flush_soon()
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None

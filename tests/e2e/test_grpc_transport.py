@@ -168,29 +168,58 @@ def test_calls_from_many_threads_at_once(clients):
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def _raw_call(server, body: bytes, path: str = MODEL_INFER, extra_headers=(),
-              content_type: str = "application/grpc") -> dict:
-    """One call's response headers and trailers, merged, as {name: value} (str)."""
+def _raw_calls(server, bodies, path: str = MODEL_INFER, extra_headers=(),
+               content_type: str = "application/grpc") -> list:
+    """Calls made one after another on one connection: each one's response headers and
+    trailers, merged, as {name: value} (str)."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
                                                                 header_encoding="utf-8"))
     conn.initiate_connection()
+    answers = []
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as sock:
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
-                                (":authority", "localhost"), ("content-type", content_type),
-                                ("te", "trailers"), *extra_headers])
-        conn.send_data(sid, body, end_stream=True)
-        sock.sendall(conn.data_to_send())
-        answer = {}
-        while True:
-            data = sock.recv(65536)
+
+        def receive(sid, answer) -> bool:
+            """Reads once; True when stream `sid` has ended."""
+            data = sock.recv(1 << 20)
             assert data, "the server closed the connection without answering"
+            ended = False
             for event in conn.receive_data(data):
                 if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                     answer.update(event.headers)
-                if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                    return answer
+                if (isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset))
+                        and event.stream_id == sid):
+                    ended = True
             sock.sendall(conn.data_to_send())
+            return ended
+
+        for body in bodies:
+            sid = conn.get_next_available_stream_id()
+            answer = {}
+            conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                    (":authority", "localhost"), ("content-type", content_type),
+                                    ("te", "trailers"), *extra_headers])
+            view = memoryview(body)
+            ended = False
+            while view and not ended:
+                size = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                           len(view))
+                if size == 0:  # waits for the server to give credit back
+                    ended = receive(sid, answer)
+                    continue
+                conn.send_data(sid, view[:size].tobytes())
+                view = view[size:]
+                sock.sendall(conn.data_to_send())
+            if not ended:
+                conn.end_stream(sid)
+                sock.sendall(conn.data_to_send())
+            while not ended:
+                ended = receive(sid, answer)
+            answers.append(answer)
+    return answers
+
+
+def _raw_call(server, body: bytes, **kw) -> dict:
+    return _raw_calls(server, [body], **kw)[0]
 
 
 def _framed(message: bytes, compressed: int = 0, length: int | None = None) -> bytes:
@@ -214,6 +243,15 @@ def test_malformed_grpc_calls_get_a_status_and_the_server_goes_on(server, client
     answer = _raw_call(server, body, extra_headers=headers)
     assert answer.get("grpc-status") == status, answer
     assert fragment in urllib.parse.unquote(answer.get("grpc-message", "")), answer
+    _assert_add_sub(clients["grpc"])
+
+
+def test_refused_calls_give_their_flow_control_credit_back(server, clients):
+    """80 MiB of messages that are refused unread, on one connection: more than its 64 MiB
+    window, so credit kept for them would stall the connection before the last call."""
+    refused = _framed(b"\0" * (1 << 20)) * 2  # two messages for a unary call
+    answers = _raw_calls(server, [refused] * 40 + [_framed(b"\xff")])
+    assert [a.get("grpc-status") for a in answers] == ["12"] * 40 + ["3"]
     _assert_add_sub(clients["grpc"])
 
 
