@@ -1,10 +1,19 @@
-"""The gRPC layer's header encodings (shmserve/grpc/transport.py)."""
+"""The gRPC layer (shmserve/grpc/transport.py): header encodings, and generated calls."""
 
+import asyncio
+import os
 import urllib.parse
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shmserve.grpc.transport import _percent_encode, _timeout_seconds
+from shmserve.grpc import transport
+from shmserve.grpc.transport import GrpcServer, Method, _percent_encode, _timeout_seconds
 
 
 @pytest.mark.parametrize("value, seconds", [
@@ -29,3 +38,123 @@ def test_grpc_message_is_percent_encoded_printable_ascii(message):
 
 def test_printable_ascii_passes_unchanged():
     assert _percent_encode("failed: 'x' is not found") == b"failed: 'x' is not found"
+
+
+# The layer fed generated calls, in process: a fake socket between an h2 client and the
+# server's connection object, with an echo method behind it.
+
+ECHO = "/test.Echo/Unary"
+STREAM = "/test.Echo/Stream"
+
+
+class _Socket(asyncio.Transport):
+    def __init__(self):
+        super().__init__()
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def _echo(request, call):
+    return bytes(request)
+
+
+async def _echo_stream(requests, call):
+    async for request in requests:
+        yield bytes(request)
+
+
+def _exchange(streams: list, junk: bytes = b"") -> tuple:
+    """Sends `streams` ([(path, headers, body)]) on one connection, then `junk`; returns
+    ({stream id: response headers and trailers}, whether the server closed)."""
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False),
+                             STREAM: Method(_echo_stream, None, bytes, True)}, 1 << 16)
+        sock = _Socket()
+        conn = transport._Connection(server)
+        conn.connection_made(sock)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                      header_encoding="utf-8"))
+        client.initiate_connection()
+        ids = []
+        for path, headers, body in streams:
+            sid = client.get_next_available_stream_id()
+            ids.append(sid)
+            client.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
+                                      (":path", path), (":authority", "x"),
+                                      ("content-type", "application/grpc"), *headers])
+            client.send_data(sid, body, end_stream=True)
+        conn.data_received(client.data_to_send() + junk)
+        answers = {sid: {} for sid in ids}
+        for _ in range(50):  # the handlers run; what they write is read by the client
+            await asyncio.sleep(0)
+            conn.flush()
+            if sock.out:
+                data, sock.out[:] = bytes(sock.out), b""
+                try:
+                    events = client.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    break  # the junk made the server close the connection: checked below
+                for event in events:
+                    if isinstance(event, (h2.events.ResponseReceived,
+                                          h2.events.TrailersReceived)):
+                        answers[event.stream_id].update(event.headers)
+            if sock.closed:
+                break
+        conn.connection_lost(None)
+        return answers, sock.closed
+    return asyncio.run(main())
+
+
+def _frames(parts) -> bytes:
+    return b"".join(bytes([flag]) + length.to_bytes(4, "big") + payload
+                    for flag, length, payload in parts)
+
+
+FRAMES = st.lists(st.tuples(st.sampled_from([0, 1, 2, 255]),
+                            st.one_of(st.integers(0, 64), st.integers(0, 2**32 - 1)),
+                            st.binary(max_size=64)), max_size=3).map(_frames)
+HEADERS = st.lists(st.sampled_from([
+    ("grpc-encoding", "gzip"), ("grpc-encoding", "deflate"), ("grpc-encoding", "identity"),
+    ("grpc-encoding", "zstd"), ("grpc-timeout", "1S"), ("grpc-timeout", "x"),
+    ("grpc-timeout", "99999999n"), ("te", "trailers"), ("x-meta", "1")]), max_size=3)
+
+
+# perf/fuzz_decoders.py runs these with many more examples.
+TRANSPORT_FUZZ = settings(max_examples=int(os.environ.get("SHMSERVE_FUZZ_EXAMPLES", 300)),
+                          deadline=None, database=None)
+
+
+@TRANSPORT_FUZZ
+@given(st.lists(st.tuples(st.sampled_from([ECHO, STREAM, "/no/Such"]), HEADERS, FRAMES),
+                min_size=1, max_size=4))
+def test_every_generated_call_ends_with_a_status(streams):
+    answers, closed = _exchange(streams)
+    assert not closed
+    for (path, headers, body), answer in zip(streams, answers.values()):
+        assert "grpc-status" in answer, (path, headers, body, answer)
+        status = int(answer["grpc-status"])
+        assert 0 <= status <= 16 and status != transport.UNKNOWN  # UNKNOWN: a handler broke
+        if status == 0:
+            assert path != "/no/Such"
+
+
+def test_a_well_formed_call_is_echoed():
+    body = b"\0\0\0\0\5hello"
+    answers, closed = _exchange([(ECHO, [], body), (STREAM, [], body * 3)])
+    assert [a["grpc-status"] for a in answers.values()] == ["0", "0"]
+
+
+@TRANSPORT_FUZZ
+@given(st.binary(min_size=1, max_size=300))
+def test_junk_after_a_call_never_escapes_the_connection(junk):
+    """Whatever follows, data_received returns: the connection goes on or is closed."""
+    _exchange([(ECHO, [], b"\0\0\0\0\1x")], junk)
