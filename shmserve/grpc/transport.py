@@ -42,6 +42,9 @@ UNAVAILABLE = 14
 STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_SIZE = 1024 * 1024
+# A connection that has sent nothing by then is closed: idle sockets that never speak would
+# otherwise be held for ever (connections that did speak may idle: clients keep channels open).
+HANDSHAKE_TIMEOUT_S = 10.0
 # HTTP/2 streams per connection (each is one call). The caps on work are the dataplane's
 # (--max-inflight-per-connection, --max-open-streams); this one bounds per-connection state.
 MAX_CONCURRENT_STREAMS = 65536
@@ -147,6 +150,7 @@ class _Connection(asyncio.Protocol):
         self.h2 = None
         self._paused: asyncio.Future | None = None
         self._flush_scheduled = False
+        self._silent: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -164,8 +168,13 @@ class _Connection(asyncio.Protocol):
         self.h2 = conn
         self.server.connections.add(self)
         self.flush()
+        self._silent = asyncio.get_running_loop().call_later(self.server.handshake_timeout,
+                                                              transport.close)
 
     def data_received(self, data: bytes) -> None:
+        if self._silent is not None:
+            self._silent.cancel()
+            self._silent = None
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -193,6 +202,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
+        if self._silent is not None:
+            self._silent.cancel()
         for call in list(self.calls.values()):
             self._drop(call)
         if self._paused is not None and not self._paused.done():
@@ -528,9 +539,11 @@ class _Connection(asyncio.Protocol):
 class GrpcServer:
     """Serves `methods` ({"/package.Service/Method": Method}) on one TCP address."""
 
-    def __init__(self, methods: dict, max_message_size: int):
+    def __init__(self, methods: dict, max_message_size: int,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S):
         self.methods = {path.encode(): method for path, method in methods.items()}
         self.max_message_size = max_message_size
+        self.handshake_timeout = handshake_timeout
         self.connections: set = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None

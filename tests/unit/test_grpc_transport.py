@@ -158,3 +158,19 @@ def test_a_well_formed_call_is_echoed():
 def test_junk_after_a_call_never_escapes_the_connection(junk):
     """Whatever follows, data_received returns: the connection goes on or is closed."""
     _exchange([(ECHO, [], b"\0\0\0\0\1x")], junk)
+
+
+def test_a_connection_that_never_speaks_is_closed():
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            handshake_timeout=0.05)
+        quiet, talking = _Socket(), _Socket()
+        for sock in (quiet, talking):
+            transport._Connection(server).connection_made(sock)
+        conn = next(c for c in server.connections if c.transport is talking)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        conn.data_received(client.data_to_send())
+        await asyncio.sleep(0.2)
+        return quiet.closed, talking.closed
+    assert asyncio.run(main()) == (True, False)
