@@ -459,6 +459,8 @@ class _Connection(asyncio.Protocol):
             call.headers_sent = True
         if self._paused is not None and not self._paused.done():
             await self._paused  # the socket is not keeping up: the handler waits
+            if call.finished:  # the client went away meanwhile
+                raise asyncio.CancelledError
         prefix = b"\0" + len(data).to_bytes(4, "big")
         if len(data) + 5 <= min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size):
             conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
