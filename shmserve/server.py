@@ -116,12 +116,9 @@ class Server:
         log.info("shmserve ready: %s", ", ".join(self._endpoint_names()))
 
     async def _start_endpoints(self) -> None:
+        # HTTP last: its /v2/health/live is what clients and probes wait on, so when it
+        # answers, the gRPC and metrics ports are listening too.
         opts = self.options
-        if opts.allow_http:
-            from shmserve.http.app import RUNNER_OPTIONS, build_app
-            app = build_app(self.dataplane, opts.http_max_input_size,
-                            opts.max_inflight_per_connection)
-            await self._serve_aiohttp(app, opts.http_address, opts.http_port, **RUNNER_OPTIONS)
         if opts.allow_grpc:
             from shmserve.grpc.servicer import build_server
             self._grpc = build_server(self.dataplane, opts.grpc_max_message_size,
@@ -133,6 +130,11 @@ class Server:
                                     allow_gpu_metrics=opts.allow_gpu_metrics,
                                     interval_ms=opts.metrics_interval_ms)
             await self._serve_aiohttp(app, opts.metrics_address, opts.metrics_port)
+        if opts.allow_http:
+            from shmserve.http.app import RUNNER_OPTIONS, build_app
+            app = build_app(self.dataplane, opts.http_max_input_size,
+                            opts.max_inflight_per_connection)
+            await self._serve_aiohttp(app, opts.http_address, opts.http_port, **RUNNER_OPTIONS)
 
     async def _serve_aiohttp(self, app, address: str, port: int, **options) -> None:
         # The drain has waited for in-flight requests already: handlers still running when the
