@@ -366,9 +366,9 @@ class HealthServicer:
         return proto.HealthCheckResponse(status=SERVING if self.dp.server_live() else 2)
 
 
-def _serialize(response) -> bytes:
-    """A response message, or one a handler already serialized (ModelInfer)."""
-    return response if type(response) is bytes else response.SerializeToString()
+def _serialized(response: bytes) -> bytes:
+    """ModelInfer's response, which codec.serialize_model_infer_response serialized already."""
+    return response
 
 
 def _methods(service_name: str, servicer) -> dict:
@@ -383,7 +383,7 @@ def _methods(service_name: str, servicer) -> dict:
         table[f"/{service_name}/{name}"] = Method(
             handler=fn if client_stream else _unary(fn),
             deserialize=None if name == "ModelInfer" else req_cls.FromString,
-            serialize=_serialize if name == "ModelInfer" else resp_cls.SerializeToString,
+            serialize=_serialized if name == "ModelInfer" else resp_cls.SerializeToString,
             streaming=client_stream)
     return table
 

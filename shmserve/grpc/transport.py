@@ -72,7 +72,7 @@ class _H2Connection(h2.connection.H2Connection):
 
 
 class RpcError(Exception):
-    """Ends a call with a gRPC status; raised by handlers (through `abort`) and by this layer."""
+    """Ends a call with a gRPC status; raised by handlers and by this layer."""
 
     def __init__(self, code: int, message: str):
         super().__init__(message)
@@ -124,9 +124,6 @@ class _Call:
     def invocation_metadata(self) -> tuple:
         return tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers
                      if k[:1] != b":" and k not in _RESERVED)
-
-    async def abort(self, code: int, message: str):
-        raise RpcError(code, message)
 
     # The request iterator of a streaming method.
     def __aiter__(self):
