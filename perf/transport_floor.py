@@ -21,7 +21,7 @@ from servers import tree_cpu_seconds
 
 STACKS = {
     # name: (protocol, how the echo server runs)
-    "shmserve's gRPC (h2) + uvloop": ("grpc", "shmserve-h2"),
+    "shmserve's gRPC + uvloop": ("grpc", "shmserve"),
     "grpc.aio + uvloop": ("grpc", "grpc-aio"),
     "grpc sync, 8 threads": ("grpc", "grpc-sync"),
     "aiohttp + uvloop": ("http", "aiohttp"),
@@ -55,7 +55,7 @@ if mode == "grpc-sync":
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
-elif mode == "shmserve-h2":
+elif mode == "shmserve":
     import asyncio, uvloop
     from shmserve.grpc.transport import GrpcServer, Method
     async def main():

@@ -1,12 +1,13 @@
-"""gRPC over HTTP/2, driven straight from the event loop: the h2 library speaks HTTP/2 (frames,
+"""gRPC over HTTP/2, driven straight from the event loop: http2.py speaks HTTP/2 (frames,
 HPACK, flow control, stream states); this module is the thin gRPC layer above it (length-
 prefixed messages, status trailers, metadata, deadlines, compression, message size limits).
 
 Why not grpcio's server: on the 2-core reference machine grpc.aio costs about 190 µs of CPU per
 unary call before a handler does anything (perf/transport_floor.py), much of it handing each
-event from its completion-queue thread to the loop. h2 fed by the loop's own protocol callbacks
-costs about half of that, and nothing crosses a thread. grpclib, the asyncio gRPC library built
-on h2, measured no better than grpc.aio here, so the layer above h2 is ours and kept small.
+event from its completion-queue thread to the loop. HTTP/2 fed by the loop's own protocol
+callbacks costs a fraction of that, and nothing crosses a thread. grpclib, the asyncio gRPC
+library built on the h2 HTTP/2 library, measured no better than grpc.aio here, and h2 itself
+was most of the cost (see http2.py), so both layers are ours and kept small.
 """
 
 import asyncio
@@ -15,11 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.settings
+from shmserve.grpc import http2
 
 log = logging.getLogger("shmserve.grpc")
 
@@ -48,14 +45,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # HTTP/2 streams per connection (each is one call). The caps on work are the dataplane's
 # (--max-inflight-per-connection, --max-open-streams); this one bounds per-connection state.
 MAX_CONCURRENT_STREAMS = 65536
+MAX_HEADER_LIST_SIZE = 65536
 
-# h2's header checks are generator chains that cost a tenth of a call's CPU. Ours are fixed
-# and valid; of a client's, only :path, content-type, grpc-encoding and grpc-timeout are read,
-# as opaque bytes, so malformed ones can do no harm and are not worth checking.
-_H2_CONFIG = h2.config.H2Configuration(
-    client_side=False, header_encoding=None, validate_outbound_headers=False,
-    normalize_outbound_headers=False, validate_inbound_headers=False,
-    normalize_inbound_headers=False)
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 _OK_TRAILERS = ((b"grpc-status", b"0"),)
 # Headers that are HTTP/2 or gRPC machinery, not the caller's metadata.
@@ -63,12 +54,6 @@ _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding"
                        b"grpc-accept-encoding", b"user-agent"))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _WBITS = {b"gzip": 31, b"deflate": 15}
-
-
-class _H2Connection(h2.connection.H2Connection):
-    # h2 remembers this many closed streams per connection, to answer late frames for them
-    # properly; its 65,536 cost about 5 MiB on each long-lived connection.
-    MAX_CLOSED_STREAMS = 4096
 
 
 class RpcError(Exception):
@@ -150,25 +135,19 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.calls: dict = {}
         self.transport = None
-        self.h2 = None
+        self.http2: http2.ServerConnection | None = None
         self._paused: asyncio.Future | None = None
         self._flush_scheduled = False
         self._silent: asyncio.TimerHandle | None = None
+        self._peer_leaving = False
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
-        conn = _H2Connection(config=_H2_CONFIG)
-        conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
-        })
-        conn.max_inbound_frame_size = MAX_FRAME_SIZE
-        conn.initiate_connection()
-        conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
-        self.h2 = conn
+        self.http2 = http2.ServerConnection(
+            self, max_concurrent_streams=MAX_CONCURRENT_STREAMS, stream_window=STREAM_WINDOW,
+            connection_window=CONNECTION_WINDOW, max_frame_size=MAX_FRAME_SIZE,
+            max_header_list_size=MAX_HEADER_LIST_SIZE)
         self.server.connections.add(self)
         self.flush()
         self._silent = asyncio.get_running_loop().call_later(self.server.handshake_timeout,
@@ -179,28 +158,12 @@ class _Connection(asyncio.Protocol):
             self._silent.cancel()
             self._silent = None
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
+            self.http2.receive(data)
+        except http2.Http2Error as exc:
             log.debug("gRPC connection closed: HTTP/2 protocol error: %s", exc)
             self.flush()
             self.transport.close()
             return
-        for event in events:
-            kind = type(event)
-            if kind is h2.events.DataReceived:
-                self._data(event)
-            elif kind is h2.events.RequestReceived:
-                self._request(event)
-            elif kind is h2.events.StreamEnded:
-                self._ended(event.stream_id)
-            elif kind is h2.events.StreamReset:
-                self._reset(event.stream_id)
-            elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
-                self._window_opened()
-            elif kind is h2.events.ConnectionTerminated:
-                # h2 sends nothing more once the peer's GOAWAY is in (its calls in flight are
-                # cancelled); gRPC clients send it when they close, with no calls left.
-                self.transport.close()
         self.flush()
 
     def connection_lost(self, exc) -> None:
@@ -223,9 +186,9 @@ class _Connection(asyncio.Protocol):
     # Writing
     def flush(self) -> None:
         self._flush_scheduled = False
-        data = self.h2.data_to_send()
-        if data and not self.transport.is_closing():
-            self.transport.write(data)
+        chunks = self.http2.data_to_send()
+        if chunks and not self.transport.is_closing():
+            self.transport.writelines(chunks)
 
     def flush_soon(self) -> None:
         """Responses that leave in the same loop iteration share one write."""
@@ -234,18 +197,14 @@ class _Connection(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self.flush)
 
     def goaway(self) -> None:
-        try:
-            self.h2.close_connection()
-        except h2.exceptions.ProtocolError:
-            pass
+        self.http2.close_connection()
         self.flush()
 
-    # Events
-    def _request(self, event) -> None:
-        sid = event.stream_id
+    # What the client did (http2.ServerConnection's listener)
+    def on_request(self, sid: int, headers: list) -> None:
         path = encoding = timeout = None
         content_type = b""
-        for key, value in event.headers:
+        for key, value in headers:
             if key == b":path":
                 path = value
             elif key == b"content-type":
@@ -271,7 +230,7 @@ class _Connection(asyncio.Protocol):
         if self.server.stopping:
             self._refuse(sid, UNAVAILABLE, "the server is shutting down")
             return
-        call = _Call(self, sid, method, event.headers, encoding)
+        call = _Call(self, sid, method, headers, encoding)
         self.calls[sid] = call
         if timeout is not None:
             seconds = _timeout_seconds(timeout)
@@ -282,16 +241,14 @@ class _Connection(asyncio.Protocol):
         if method.streaming:
             call.task = asyncio.ensure_future(self._serve(call, self._stream))
 
-    def _data(self, event) -> None:
-        sid = event.stream_id
+    def on_data(self, sid: int, data, size: int) -> None:
         call = self.calls.get(sid)
-        size = event.flow_controlled_length
         if call is None or call.finished:
             self._ack(size, sid)
             return
         call.unacked += size
         buffer = call.buffer
-        buffer += event.data
+        buffer += data
         limit = self.server.max_message_size
         while len(buffer) >= 5:
             length = int.from_bytes(buffer[1:5], "big")
@@ -355,7 +312,7 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:
             raise RpcError(INTERNAL, f"cannot parse the request message: {exc}") from None
 
-    def _ended(self, sid: int) -> None:
+    def on_end(self, sid: int) -> None:
         call = self.calls.get(sid)
         if call is None or call.finished:
             return
@@ -370,7 +327,7 @@ class _Connection(asyncio.Protocol):
         else:
             call.task = asyncio.ensure_future(self._serve(call, self._unary))
 
-    def _reset(self, sid: int) -> None:
+    def on_reset(self, sid: int) -> None:
         """The client cancelled the call: its handler is cancelled, nothing more is sent."""
         call = self.calls.get(sid)
         if call is not None:
@@ -396,18 +353,20 @@ class _Connection(asyncio.Protocol):
             self._fail(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
             self.flush()
 
-    def _window_opened(self) -> None:
+    def on_window(self) -> None:
         for call in self.calls.values():
             waiter = call.window_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
+    def on_goaway(self) -> None:
+        """The client opens no more calls; those in flight still get their answers."""
+        self._peer_leaving = True
+        if not self.calls:
+            self.transport.close()
+
     def _ack(self, size: int, sid: int) -> None:
-        if size:
-            try:
-                self.h2.acknowledge_received_data(size, sid)
-            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-                pass
+        self.http2.acknowledge_received_data(size, sid)
 
     # Serving
     async def _serve(self, call: _Call, body) -> None:
@@ -449,7 +408,7 @@ class _Connection(asyncio.Protocol):
         if len(data) > limit:
             raise RpcError(RESOURCE_EXHAUSTED,
                            f"Sent message larger than max ({len(data)} vs. {limit})")
-        conn = self.h2
+        conn = self.http2
         sid = call.stream_id
         if not call.headers_sent:
             conn.send_headers(sid, _RESPONSE_HEADERS)
@@ -459,14 +418,14 @@ class _Connection(asyncio.Protocol):
             if call.finished:  # the client went away meanwhile
                 raise asyncio.CancelledError
         prefix = b"\0" + len(data).to_bytes(4, "big")
-        if len(data) + 5 <= min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size):
+        if len(data) + 5 <= min(conn.send_window(sid), conn.max_outbound_frame_size):
             conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
             self.flush_soon()
             return
         await self._send_large(call, prefix, memoryview(data))
 
     async def _send_large(self, call: _Call, prefix: bytes, view: memoryview) -> None:
-        conn = self.h2
+        conn = self.http2
         sid = call.stream_id
         pending = [memoryview(prefix), view]
         loop = asyncio.get_running_loop()
@@ -474,7 +433,7 @@ class _Connection(asyncio.Protocol):
             while chunk:
                 if call.finished:
                     raise asyncio.CancelledError
-                size = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                size = min(conn.send_window(sid), conn.max_outbound_frame_size,
                            len(chunk))
                 if size <= 0:
                     self.flush()
@@ -499,13 +458,10 @@ class _Connection(asyncio.Protocol):
             (b"grpc-message", _percent_encode(message)))
         if not call.headers_sent:
             trailers = _RESPONSE_HEADERS + trailers
-        try:
-            self.h2.send_headers(call.stream_id, trailers, end_stream=True)
-            if not call.remote_ended:
-                # The answer is complete: whatever the client still sends is not wanted.
-                self.h2.reset_stream(call.stream_id)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            return
+        self.http2.send_headers(call.stream_id, trailers, end_stream=True)
+        if not call.remote_ended:
+            # The answer is complete: whatever the client still sends is not wanted.
+            self.http2.reset_stream(call.stream_id)
         self.flush_soon()
 
     def _fail(self, call: _Call, code: int, message: str) -> None:
@@ -516,15 +472,12 @@ class _Connection(asyncio.Protocol):
         call.wake()
 
     def _refuse(self, sid: int, code: int, message: str, status: bytes = b"200") -> None:
-        try:
-            self.h2.send_headers(sid, ((b":status", status),
-                                       (b"content-type", b"application/grpc"),
-                                       (b"grpc-status", str(code).encode()),
-                                       (b"grpc-message", _percent_encode(message))),
-                                 end_stream=True)
-            self.h2.reset_stream(sid)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass
+        self.http2.send_headers(sid, ((b":status", status),
+                                      (b"content-type", b"application/grpc"),
+                                      (b"grpc-status", str(code).encode()),
+                                      (b"grpc-message", _percent_encode(message))),
+                                end_stream=True)
+        self.http2.reset_stream(sid)
 
     def _forget(self, call: _Call) -> None:
         self.calls.pop(call.stream_id, None)
@@ -537,8 +490,12 @@ class _Connection(asyncio.Protocol):
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None
-        if not self.calls and self.server.stopping:
-            self.server.idle_check()
+        if not self.calls:
+            if self._peer_leaving:
+                self.flush_soon()  # the last answer goes out before the socket closes
+                asyncio.get_running_loop().call_soon(self.transport.close)
+            if self.server.stopping:
+                self.server.idle_check()
 
 
 class GrpcServer:

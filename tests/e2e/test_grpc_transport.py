@@ -12,6 +12,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -270,3 +271,36 @@ def test_garbage_after_the_preface_closes_only_that_connection(server, clients):
             while sock.recv(65536):
                 pass  # the server's GOAWAY, then the end of the connection
     _assert_add_sub(clients["grpc"])
+
+
+def test_a_call_in_flight_is_answered_after_the_clients_goaway(server):
+    """A client closing its connection (GOAWAY) still gets the answers it is owed; then the
+    server closes the connection."""
+    from tritonclient.grpc import service_pb2
+    request = service_pb2.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(np.array([0.3], np.float32).tobytes())
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", MODEL_INFER),
+                          (":authority", "localhost"), ("content-type", "application/grpc"),
+                          ("te", "trailers")])
+    conn.send_data(1, _framed(request.SerializeToString()), end_stream=True)
+    conn.close_connection()
+    received = bytearray()
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as sock:
+        sock.sendall(conn.data_to_send())
+        while data := sock.recv(1 << 20):
+            received += data
+    # h2 reads nothing once it has sent GOAWAY, so the answer is read by hand.
+    decoder, answer, ended, pos = hpack.Decoder(), {}, False, 0
+    while pos < len(received):
+        length = int.from_bytes(received[pos:pos + 3], "big")
+        ftype, flags = received[pos + 3], received[pos + 4]
+        sid = int.from_bytes(received[pos + 5:pos + 9], "big")
+        if ftype == 1:  # HEADERS
+            answer.update(decoder.decode(bytes(received[pos + 9:pos + 9 + length])))
+        ended = ended or (sid == 1 and ftype in (0, 1) and flags & 1)
+        pos += 9 + length
+    assert ended and answer.get("grpc-status") == "0", answer

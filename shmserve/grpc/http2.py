@@ -1,0 +1,514 @@
+"""The server side of HTTP/2 (RFC 9113), as far as gRPC uses it: frames, stream states, flow
+control, SETTINGS, PING and GOAWAY. HPACK comes from the hpack library. Sans-IO: bytes go in
+through `receive`, what the peer did comes out as calls on a listener, and the frames to write
+collect until `data_to_send`.
+
+Why not the h2 library, which the gRPC layer used first: h2 is general (client and server,
+push, priorities, every event as an object, a state machine per stream) and pure Python, and
+under load it was 57 % of the front's CPU, more than everything else together. This module
+does only what a gRPC server needs, in few calls per frame. Two shortcuts keep HPACK cheap:
+header blocks we send never use the dynamic table (so they are constants), and a request
+block made only of one-byte table references (what a gRPC client sends for every call after
+its first) is decoded once and then looked up.
+"""
+
+import struct
+
+import hpack
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# Frame types.
+DATA = 0x0
+HEADERS = 0x1
+PRIORITY = 0x2
+RST_STREAM = 0x3
+SETTINGS = 0x4
+PUSH_PROMISE = 0x5
+PING = 0x6
+GOAWAY = 0x7
+WINDOW_UPDATE = 0x8
+CONTINUATION = 0x9
+
+# Flags.
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+# Error codes.
+NO_ERROR = 0x0
+PROTOCOL_ERROR = 0x1
+FLOW_CONTROL_ERROR = 0x3
+STREAM_CLOSED = 0x5
+FRAME_SIZE_ERROR = 0x6
+REFUSED_STREAM = 0x7
+COMPRESSION_ERROR = 0x9
+
+# SETTINGS parameters.
+HEADER_TABLE_SIZE = 0x1
+ENABLE_PUSH = 0x2
+MAX_CONCURRENT_STREAMS = 0x3
+INITIAL_WINDOW_SIZE = 0x4
+MAX_FRAME_SIZE = 0x5
+MAX_HEADER_LIST_SIZE = 0x6
+
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME_SIZE = 16384
+MAX_WINDOW = 2**31 - 1
+MAX_FRAME_SIZE_LIMIT = 2**24 - 1
+
+_FRAME_HEAD = struct.Struct(">IBI")  # (length << 8 | type), flags, stream id
+_SETTING = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+_DECODED_CACHE_SIZE = 64
+
+
+class Http2Error(Exception):
+    """A connection error: the connection ends with GOAWAY(code)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class _Stream:
+    __slots__ = ("send_window", "recv_window", "credit", "remote_open", "local_open")
+
+    def __init__(self, send_window: int, recv_window: int, remote_open: bool):
+        self.send_window = send_window
+        self.recv_window = recv_window
+        self.credit = 0  # received bytes consumed but not yet given back by WINDOW_UPDATE
+        self.remote_open = remote_open
+        self.local_open = True
+
+
+def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    return _FRAME_HEAD.pack(len(payload) << 8 | ftype, flags, sid) + payload
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_STATUS_200 = (b":status", b"200")
+_blocks: dict = {}
+
+
+def encode_headers(headers: tuple) -> bytes:
+    """An HPACK block that leaves the dynamic table alone: ':status: 200' as its static index,
+    everything else as literals without indexing, so a block depends only on its headers."""
+    block = _blocks.get(headers)
+    if block is None:
+        parts = []
+        for name, value in headers:
+            if (name, value) == _STATUS_200:
+                parts.append(b"\x88")
+            else:
+                parts += (b"\x00", _hpack_int(len(name), 7), name, _hpack_int(len(value), 7), value)
+        block = b"".join(parts)
+        if len(_blocks) < 256:  # the constant blocks; error trailers vary and are not kept
+            _blocks[headers] = block
+    return block
+
+
+class ServerConnection:
+    """One HTTP/2 connection, server side. The listener gets:
+
+    - `on_request(sid, headers)`: a new stream, headers as [(name, value)] bytes pairs;
+    - `on_data(sid, data, size)`: DATA for an open stream (`size` counts padding, and is what
+      `acknowledge_received_data` must eventually give back);
+    - `on_end(sid)`: the client has sent all of the stream;
+    - `on_reset(sid)`: the stream is gone (the client reset it, or it broke a stream rule);
+    - `on_window()`: send windows may have grown;
+    - `on_goaway()`: the client is closing the connection.
+
+    Sending on a stream that is no longer open does nothing: a call may end from both sides
+    at once, and the later end has nothing left to say.
+    """
+
+    def __init__(self, listener, *, max_concurrent_streams: int, stream_window: int,
+                 connection_window: int, max_frame_size: int, max_header_list_size: int):
+        self.listener = listener
+        self.streams: dict[int, _Stream] = {}
+        self.last_stream_id = 0
+        self.max_frame_size = max_frame_size  # inbound
+        self.max_outbound_frame_size = DEFAULT_FRAME_SIZE
+        self._max_streams = max_concurrent_streams
+        self._stream_window = stream_window
+        self._connection_window = connection_window
+        self._recv_window = connection_window
+        self._credit = 0
+        self._send_window = DEFAULT_WINDOW
+        self._peer_stream_window = DEFAULT_WINDOW
+        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
+        self._decoded: dict = {}
+        self._buf = bytearray()
+        self._preface_seen = False
+        self._settings_seen = False
+        self._continuing: tuple | None = None  # (sid, end_stream, block so far)
+        self._signal_table_size = True
+        self._goaway_sent = False
+        self._out: list = [_frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in (
+            (MAX_CONCURRENT_STREAMS, max_concurrent_streams),
+            (INITIAL_WINDOW_SIZE, stream_window),
+            (MAX_FRAME_SIZE, max_frame_size),
+            (MAX_HEADER_LIST_SIZE, max_header_list_size))))]
+        if connection_window > DEFAULT_WINDOW:
+            self._out.append(_frame(WINDOW_UPDATE, 0, 0,
+                                    _U32.pack(connection_window - DEFAULT_WINDOW)))
+        self._handlers = {DATA: self._on_data, HEADERS: self._on_headers,
+                          PRIORITY: self._on_priority, RST_STREAM: self._on_rst_stream,
+                          SETTINGS: self._on_settings, PUSH_PROMISE: self._on_push_promise,
+                          PING: self._on_ping, GOAWAY: self._on_goaway,
+                          WINDOW_UPDATE: self._on_window_update, CONTINUATION: self._on_continuation}
+
+    # Input
+    def receive(self, data: bytes) -> None:
+        """Parses `data` and calls the listener; raises Http2Error (with GOAWAY queued) when
+        the client broke the protocol, after which the connection must be closed."""
+        buf = self._buf
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data
+        try:
+            pos = self._parse(src)
+        except Http2Error as exc:
+            self.close_connection(exc.code)
+            raise
+        if src is buf:
+            del buf[:pos]
+        elif pos < len(src):
+            buf += memoryview(src)[pos:]
+
+    def _parse(self, src) -> int:
+        pos = 0
+        end_of_data = len(src)
+        if not self._preface_seen:
+            if end_of_data < len(PREFACE):
+                if PREFACE[:end_of_data] != src:
+                    raise Http2Error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                return 0
+            if src[:len(PREFACE)] != PREFACE:
+                raise Http2Error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            self._preface_seen = True
+            pos = len(PREFACE)
+        handlers = self._handlers
+        while end_of_data - pos >= 9:
+            length = src[pos] << 16 | src[pos + 1] << 8 | src[pos + 2]
+            if length > self.max_frame_size:
+                raise Http2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+            end = pos + 9 + length
+            if end > end_of_data:
+                break
+            ftype = src[pos + 3]
+            flags = src[pos + 4]
+            sid = _U32.unpack_from(src, pos + 5)[0] & 0x7FFFFFFF
+            payload = src[pos + 9:end]
+            pos = end
+            if self._continuing is not None and ftype != CONTINUATION:
+                raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted")
+            if not self._settings_seen:
+                if ftype != SETTINGS:
+                    raise Http2Error(PROTOCOL_ERROR, "the first frame must be SETTINGS")
+                self._settings_seen = True
+            handler = handlers.get(ftype)
+            if handler is not None:  # frames of unknown types are ignored (RFC 9113 §5.5)
+                handler(flags, sid, payload)
+        return pos
+
+    def _stream_error(self, sid: int, code: int) -> None:
+        self.reset_stream(sid, code)
+        self.listener.on_reset(sid)
+
+    def _check_idle(self, sid: int, what: str) -> None:
+        if sid == 0 or sid > self.last_stream_id:
+            raise Http2Error(PROTOCOL_ERROR, f"{what} on idle stream {sid}")
+
+    def _on_data(self, flags: int, sid: int, payload) -> None:
+        self._check_idle(sid, "DATA")
+        size = len(payload)
+        self._recv_window -= size
+        if self._recv_window < 0:
+            raise Http2Error(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        if flags & PADDED:
+            payload = _unpad(payload)
+        stream = self.streams.get(sid)
+        if stream is None or not stream.remote_open:
+            # A stream this side closed or reset: its late data is dropped, its credit given back.
+            self.acknowledge_received_data(size, 0)
+            if stream is not None:
+                self._stream_error(sid, STREAM_CLOSED)
+            return
+        stream.recv_window -= size
+        if stream.recv_window < 0:
+            self.acknowledge_received_data(size, 0)
+            self._stream_error(sid, FLOW_CONTROL_ERROR)
+            return
+        end_stream = flags & END_STREAM
+        if end_stream:
+            stream.remote_open = False
+            if not stream.local_open:
+                del self.streams[sid]
+        if size:
+            self.listener.on_data(sid, payload, size)
+        if end_stream:
+            self.listener.on_end(sid)
+
+    def _on_headers(self, flags: int, sid: int, payload) -> None:
+        if sid == 0 or not sid & 1:
+            raise Http2Error(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
+        if flags & PADDED:
+            payload = _unpad(payload)
+        if flags & PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise Http2Error(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            payload = payload[5:]
+        end_stream = bool(flags & END_STREAM)
+        if flags & END_HEADERS:
+            self._headers(sid, end_stream, bytes(payload))
+        else:
+            self._continuing = (sid, end_stream, bytearray(payload))
+
+    def _on_continuation(self, flags: int, sid: int, payload) -> None:
+        if self._continuing is None or self._continuing[0] != sid:
+            raise Http2Error(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        _, end_stream, block = self._continuing
+        block += payload
+        if len(block) > self.max_frame_size:
+            raise Http2Error(COMPRESSION_ERROR, f"a header block of over {len(block)} bytes")
+        if flags & END_HEADERS:
+            self._continuing = None
+            self._headers(sid, end_stream, bytes(block))
+
+    def _headers(self, sid: int, end_stream: bool, block: bytes) -> None:
+        headers = self._decode(block)  # always, to keep HPACK's table in step with the client
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid <= self.last_stream_id:
+                return  # trailers of a stream this side already ended
+            self.last_stream_id = sid
+            if len(self.streams) >= self._max_streams:
+                self._out.append(_frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+                return
+            self.streams[sid] = _Stream(self._peer_stream_window, self._stream_window,
+                                        not end_stream)
+            self.listener.on_request(sid, headers)
+            if end_stream:
+                self.listener.on_end(sid)
+        elif not stream.remote_open:
+            self._stream_error(sid, STREAM_CLOSED)
+        elif not end_stream:
+            self._stream_error(sid, PROTOCOL_ERROR)  # trailers must end the stream
+        else:
+            stream.remote_open = False
+            if not stream.local_open:
+                del self.streams[sid]
+            self.listener.on_end(sid)
+
+    def _decode(self, block: bytes) -> list:
+        headers = self._decoded.get(block)
+        if headers is not None:
+            return headers
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as exc:
+            raise Http2Error(COMPRESSION_ERROR, f"cannot decode a header block: {exc}") from None
+        # One-byte indexed fields (every byte >= 0x80) change nothing in the table, so the
+        # same bytes decode the same way until a block that may change it comes in.
+        if block and min(block) >= 0x80:
+            if len(self._decoded) >= _DECODED_CACHE_SIZE:
+                self._decoded.clear()
+            self._decoded[block] = headers
+        elif self._decoded:
+            self._decoded.clear()
+        return headers
+
+    def _on_priority(self, flags: int, sid: int, payload) -> None:
+        if sid == 0:
+            raise Http2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != 5:
+            raise Http2Error(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+
+    def _on_rst_stream(self, flags: int, sid: int, payload) -> None:
+        if len(payload) != 4:
+            raise Http2Error(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+        self._check_idle(sid, "RST_STREAM")
+        if self.streams.pop(sid, None) is not None:
+            self.listener.on_reset(sid)
+
+    def _on_settings(self, flags: int, sid: int, payload) -> None:
+        if sid != 0:
+            raise Http2Error(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise Http2Error(FRAME_SIZE_ERROR, "a SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise Http2Error(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+        for key, value in _SETTING.iter_unpack(payload):
+            if key == INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise Http2Error(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE over 2^31-1")
+                delta = value - self._peer_stream_window
+                self._peer_stream_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise Http2Error(FLOW_CONTROL_ERROR, "a stream window over 2^31-1")
+            elif key == MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
+                    raise Http2Error(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
+                self.max_outbound_frame_size = value
+            elif key == ENABLE_PUSH:
+                if value > 1:
+                    raise Http2Error(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
+            elif key == HEADER_TABLE_SIZE:
+                # Our blocks use no dynamic table; its size is restated as 0 next time.
+                self._signal_table_size = True
+        self._out.append(_frame(SETTINGS, ACK, 0))
+        self.listener.on_window()
+
+    def _on_push_promise(self, flags: int, sid: int, payload) -> None:
+        raise Http2Error(PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
+
+    def _on_ping(self, flags: int, sid: int, payload) -> None:
+        if sid != 0:
+            raise Http2Error(PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise Http2Error(FRAME_SIZE_ERROR, "PING of the wrong size")
+        if not flags & ACK:
+            self._out.append(_frame(PING, ACK, 0, bytes(payload)))
+
+    def _on_goaway(self, flags: int, sid: int, payload) -> None:
+        if sid != 0:
+            raise Http2Error(PROTOCOL_ERROR, "GOAWAY on a stream")
+        self.listener.on_goaway()
+
+    def _on_window_update(self, flags: int, sid: int, payload) -> None:
+        if len(payload) != 4:
+            raise Http2Error(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if increment == 0:
+                raise Http2Error(PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise Http2Error(FLOW_CONTROL_ERROR, "the connection window over 2^31-1")
+        else:
+            self._check_idle(sid, "WINDOW_UPDATE")
+            stream = self.streams.get(sid)
+            if stream is None:
+                return
+            if increment == 0:
+                self._stream_error(sid, PROTOCOL_ERROR)
+                return
+            stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._stream_error(sid, FLOW_CONTROL_ERROR)
+                return
+        self.listener.on_window()
+
+    # Output
+    def send_window(self, sid: int) -> int:
+        """How many bytes of DATA `sid` may send now."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            return 0
+        return min(stream.send_window, self._send_window)
+
+    def send_headers(self, sid: int, headers: tuple, end_stream: bool = False) -> None:
+        stream = self.streams.get(sid)
+        if stream is None or not stream.local_open:
+            return
+        block = encode_headers(headers)
+        if self._signal_table_size:
+            block = b"\x20" + block  # dynamic table size update: 0
+            self._signal_table_size = False
+        flags = END_STREAM if end_stream else 0
+        limit = self.max_outbound_frame_size
+        if len(block) <= limit:
+            self._out.append(_frame(HEADERS, flags | END_HEADERS, sid, block))
+        else:
+            self._out.append(_frame(HEADERS, flags, sid, block[:limit]))
+            for start in range(limit, len(block), limit):
+                last = start + limit >= len(block)
+                self._out.append(_frame(CONTINUATION, END_HEADERS if last else 0, sid,
+                                        block[start:start + limit]))
+        if end_stream:
+            self._close_local(sid, stream)
+
+    def send_data(self, sid: int, data, end_stream: bool = False) -> None:
+        """One DATA frame; `data` must fit send_window(sid) and max_outbound_frame_size."""
+        stream = self.streams.get(sid)
+        if stream is None or not stream.local_open:
+            return
+        size = len(data)
+        stream.send_window -= size
+        self._send_window -= size
+        self._out.append(_FRAME_HEAD.pack(size << 8 | DATA, END_STREAM if end_stream else 0, sid))
+        self._out.append(data)
+        if end_stream:
+            self._close_local(sid, stream)
+
+    def _close_local(self, sid: int, stream: _Stream) -> None:
+        stream.local_open = False
+        if not stream.remote_open:
+            del self.streams[sid]
+
+    def reset_stream(self, sid: int, code: int = NO_ERROR) -> None:
+        if self.streams.pop(sid, None) is not None:
+            self._out.append(_frame(RST_STREAM, 0, sid, _U32.pack(code)))
+
+    def acknowledge_received_data(self, size: int, sid: int) -> None:
+        """`size` bytes received on `sid` (or 0: the connection only) have been consumed:
+        their window goes back to the client once half a window is owed, or the window is
+        spent."""
+        if not size:
+            return
+        self._credit += size
+        if self._credit >= self._connection_window // 2 or self._recv_window <= 0:
+            self._recv_window += self._credit
+            self._out.append(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self._credit)))
+            self._credit = 0
+        stream = self.streams.get(sid)
+        if stream is None or not stream.remote_open:
+            return  # the client sends no more on it: no window to give back
+        stream.credit += size
+        if stream.credit >= self._stream_window // 2 or stream.recv_window <= 0:
+            stream.recv_window += stream.credit
+            self._out.append(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(stream.credit)))
+            stream.credit = 0
+
+    def close_connection(self, code: int = NO_ERROR) -> None:
+        """GOAWAY: streams up to the last one begun are still served, no new ones expected."""
+        if not self._goaway_sent:
+            self._goaway_sent = True
+            self._out.append(_frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code)))
+
+    def data_to_send(self) -> list:
+        """The frames queued since the last call, as chunks to write in order."""
+        out = self._out
+        self._out = []
+        return out
+
+
+def _unpad(payload):
+    if not payload:
+        raise Http2Error(PROTOCOL_ERROR, "a padded frame without its pad length")
+    pad = payload[0]
+    if pad >= len(payload):
+        raise Http2Error(PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1:len(payload) - pad]

@@ -1,0 +1,387 @@
+"""The server side of HTTP/2 (shmserve/grpc/http2.py), against the h2 library as the client
+and against hand-made frames that break the protocol."""
+
+import os
+import struct
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from shmserve.grpc import http2
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/pkg.Svc/M"),
+           (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")]
+# All in HPACK's static table: blocks that differ only in the dynamic entries they name then
+# have the same bytes, which is what could fool a decode cache.
+STATIC_REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/")]
+
+
+def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes((ftype, flags)) + struct.pack(">I", sid) + payload
+
+
+class Listener:
+    def __init__(self):
+        self.events = []
+
+    def on_request(self, sid, headers):
+        self.events.append(("request", sid, [(bytes(k), bytes(v)) for k, v in headers]))
+
+    def on_data(self, sid, data, size):
+        self.events.append(("data", sid, bytes(data), size))
+
+    def on_end(self, sid):
+        self.events.append(("end", sid))
+
+    def on_reset(self, sid):
+        self.events.append(("reset", sid))
+
+    def on_window(self):
+        self.events.append(("window",))
+
+    def on_goaway(self):
+        self.events.append(("goaway",))
+
+
+def server(**overrides) -> tuple:
+    options = dict(max_concurrent_streams=100, stream_window=1 << 20, connection_window=1 << 22,
+                   max_frame_size=1 << 16, max_header_list_size=65536)
+    options.update(overrides)
+    listener = Listener()
+    return http2.ServerConnection(listener, **options), listener
+
+
+def frames_of(chunks: list) -> list:
+    """(type, flags, stream id, payload) of each frame in what the server wrote."""
+    data = b"".join(bytes(c) for c in chunks)
+    out, pos = [], 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos:pos + 3], "big")
+        out.append((data[pos + 3], data[pos + 4],
+                    int.from_bytes(data[pos + 5:pos + 9], "big"), data[pos + 9:pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+def h2_client() -> h2.connection.H2Connection:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding=None, validate_outbound_headers=False))
+    client.initiate_connection()
+    return client
+
+
+def pump(client, conn) -> list:
+    """Client to server, then server to client; the client's events."""
+    conn.receive(client.data_to_send())
+    events = client.receive_data(b"".join(bytes(c) for c in conn.data_to_send()))
+    conn.receive(client.data_to_send())  # the client's ACKs
+    return events
+
+
+def started(**overrides) -> tuple:
+    conn, listener = server(**overrides)
+    conn.receive(PREFACE + EMPTY_SETTINGS)
+    conn.data_to_send()
+    listener.events.clear()
+    return conn, listener
+
+
+# Conversations with a real client.
+
+def test_a_call_round_trip_with_h2_as_the_client():
+    conn, listener = server()
+    client = h2_client()
+    pump(client, conn)
+    client.send_headers(1, REQUEST)
+    client.send_data(1, b"\0\0\0\0\3abc", end_stream=True)
+    pump(client, conn)
+    assert listener.events[-3:] == [
+        ("request", 1, [(k.encode(), v.encode()) for k, v in REQUEST]),
+        ("data", 1, b"\0\0\0\0\3abc", 8), ("end", 1)]
+    conn.send_headers(1, ((b":status", b"200"), (b"content-type", b"application/grpc")))
+    conn.send_data(1, b"\0\0\0\0\2ok")
+    conn.send_headers(1, ((b"grpc-status", b"0"),), end_stream=True)
+    events = pump(client, conn)
+    kinds = [type(e) for e in events]
+    assert kinds == [h2.events.ResponseReceived, h2.events.DataReceived,
+                     h2.events.TrailersReceived, h2.events.StreamEnded]
+    assert events[0].headers == [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    assert events[1].data == b"\0\0\0\0\2ok"
+    assert events[2].headers == [(b"grpc-status", b"0")]
+    assert conn.streams == {}
+
+
+def test_long_trailers_go_out_in_continuation_frames():
+    conn, listener = server()
+    client = h2_client()
+    pump(client, conn)
+    client.send_headers(1, REQUEST, end_stream=True)
+    pump(client, conn)
+    message = b"x" * 40000  # over the client's 16 KiB frames
+    conn.send_headers(1, ((b":status", b"200"), (b"grpc-status", b"13"), (b"grpc-message", message)),
+                      end_stream=True)
+    chunks = conn.data_to_send()
+    assert [f[0] for f in frames_of(chunks)] == [http2.HEADERS, http2.CONTINUATION, http2.CONTINUATION]
+    events = client.receive_data(b"".join(bytes(c) for c in chunks))
+    assert events[0].headers[-1] == (b"grpc-message", message)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([("x-a", "1"), ("x-a", "2"), ("x-b", "v" * 300),
+                                          ("grpc-timeout", "5S"), ("x-c", "3")]),
+                         max_size=4, unique=True), min_size=1, max_size=12),
+       st.sampled_from([256, 4096]))
+@example([[("x-a", "1")], [("x-a", "1")], [("x-c", "3")], [("x-c", "3")]], 4096)
+def test_headers_decode_as_sent_whatever_the_table_did(extra_headers, table_size):
+    """Repeated blocks are answered from the cache; new ones, evictions and table resizes
+    in between must never make a cached answer stale."""
+    conn, listener = server()
+    client = h2_client()
+    pump(client, conn)
+    client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: table_size})
+    pump(client, conn)
+    sent = []
+    for i, extra in enumerate(extra_headers):
+        sid = 2 * i + 1
+        headers = STATIC_REQUEST + extra
+        client.send_headers(sid, headers, end_stream=True)
+        sent.append([(k.encode(), v.encode()) for k, v in headers])
+        pump(client, conn)
+    received = [e[2] for e in listener.events if e[0] == "request"]
+    assert received == sent
+
+
+def test_repeated_request_blocks_are_decoded_once():
+    conn, listener = server()
+    client = h2_client()
+    pump(client, conn)
+    for sid in (1, 3, 5):
+        client.send_headers(sid, REQUEST, end_stream=True)
+        pump(client, conn)
+    assert len(conn._decoded) == 1  # calls 2 and 3 sent the same all-indexed block
+    requests = [e for e in listener.events if e[0] == "request"]
+    assert requests[1][2] == requests[2][2] == requests[0][2]
+
+
+def test_input_split_at_every_byte_gives_the_same_events():
+    whole, whole_listener = server()
+    split, split_listener = server()
+    client = h2_client()
+    client.send_headers(1, REQUEST)
+    client.send_data(1, b"\0\0\0\0\1z", end_stream=True)
+    data = client.data_to_send()
+    whole.receive(data)
+    for i in range(len(data)):
+        split.receive(data[i:i + 1])
+    assert split_listener.events == whole_listener.events
+    assert ("end", 1) in whole_listener.events
+
+
+# Frames by hand.
+
+def test_ping_is_answered_with_its_payload():
+    conn, _ = started()
+    conn.receive(frame(http2.PING, 0, 0, b"12345678"))
+    assert frames_of(conn.data_to_send()) == [(http2.PING, http2.ACK, 0, b"12345678")]
+    conn.receive(frame(http2.PING, http2.ACK, 0, b"12345678"))
+    assert conn.data_to_send() == []
+
+
+def test_padding_and_priority_are_stripped():
+    conn, listener = started()
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS | http2.PADDED | http2.PRIORITY_FLAG, 1,
+                       b"\x03" + b"\0\0\0\0\x10" + block + b"pad"))
+    conn.receive(frame(http2.DATA, http2.PADDED | http2.END_STREAM, 1, b"\x02body!!"))
+    assert listener.events == [("request", 1, [(b":path", b"/a")]),
+                               ("data", 1, b"body", 7), ("end", 1)]
+
+
+def test_a_header_block_may_continue_over_frames():
+    conn, listener = started()
+    block = http2.encode_headers(((b":path", b"/long"), (b"x-k", b"v" * 100)))
+    conn.receive(frame(http2.HEADERS, http2.END_STREAM, 1, block[:10])
+                 + frame(http2.CONTINUATION, 0, 1, block[10:50])
+                 + frame(http2.CONTINUATION, http2.END_HEADERS, 1, block[50:]))
+    assert listener.events == [("request", 1, [(b":path", b"/long"), (b"x-k", b"v" * 100)]),
+                               ("end", 1)]
+
+
+def test_streams_over_the_limit_are_refused():
+    conn, listener = started(max_concurrent_streams=1)
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block)
+                 + frame(http2.HEADERS, http2.END_HEADERS, 3, block))
+    assert [e[:2] for e in listener.events] == [("request", 1)]
+    assert frames_of(conn.data_to_send()) == [(http2.RST_STREAM, 0, 3, b"\0\0\0\x07")]
+
+
+def test_data_after_the_end_of_a_stream_resets_it():
+    conn, listener = started()
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, block)
+                 + frame(http2.DATA, 0, 1, b"late"))
+    assert listener.events[-1] == ("reset", 1)
+    assert (http2.RST_STREAM, 0, 1, b"\0\0\0\x05") in frames_of(conn.data_to_send())
+
+
+def test_data_beyond_a_stream_window_resets_that_stream_only():
+    conn, listener = started(stream_window=16)
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block)
+                 + frame(http2.DATA, 0, 1, b"x" * 17)
+                 + frame(http2.HEADERS, http2.END_HEADERS, 3, block))
+    assert [e[:2] for e in listener.events] == [("request", 1), ("reset", 1), ("request", 3)]
+    assert (http2.RST_STREAM, 0, 1, b"\0\0\0\x03") in frames_of(conn.data_to_send())
+
+
+def test_late_frames_for_a_stream_this_side_reset_are_ignored_but_credited():
+    conn, listener = started(connection_window=100)
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block))
+    conn.reset_stream(1, http2.NO_ERROR)
+    conn.data_to_send()
+    conn.receive(frame(http2.DATA, 0, 1, b"x" * 60) + frame(http2.WINDOW_UPDATE, 0, 1, b"\0\0\0\1")
+                 + frame(http2.RST_STREAM, 0, 1, b"\0\0\0\x08"))
+    assert [e[0] for e in listener.events] == ["request"]
+    # the 60 bytes came back to the connection's window: more than half of it was owed
+    assert frames_of(conn.data_to_send()) == [(http2.WINDOW_UPDATE, 0, 0, b"\0\0\0\x3c")]
+
+
+def test_received_data_is_credited_back_once_half_a_window_is_owed():
+    conn, _ = started(stream_window=100, connection_window=1000)
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block) + frame(http2.DATA, 0, 1, b"x" * 40))
+    conn.acknowledge_received_data(40, 1)
+    assert conn.data_to_send() == []
+    conn.receive(frame(http2.DATA, 0, 1, b"x" * 20))
+    conn.acknowledge_received_data(20, 1)
+    assert frames_of(conn.data_to_send()) == [(http2.WINDOW_UPDATE, 0, 1, b"\0\0\0\x3c")]
+
+
+def test_send_window_follows_the_peers_settings_and_updates():
+    conn, listener = started()
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block))
+    assert conn.send_window(1) == 65535
+    conn.receive(frame(http2.SETTINGS, 0, 0, struct.pack(">HI", http2.INITIAL_WINDOW_SIZE, 1000)))
+    assert conn.send_window(1) == 1000
+    conn.send_data(1, b"x" * 600)
+    assert conn.send_window(1) == 400
+    conn.receive(frame(http2.WINDOW_UPDATE, 0, 1, struct.pack(">I", 5000)))
+    assert conn.send_window(1) == 5400
+    conn.receive(frame(http2.SETTINGS, 0, 0, struct.pack(">HI", http2.MAX_FRAME_SIZE, 20000)))
+    assert conn.max_outbound_frame_size == 20000
+    assert ("window",) in listener.events
+
+
+def test_a_table_size_change_is_acknowledged_in_the_next_block():
+    conn, _ = started()
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block)
+                 + frame(http2.HEADERS, http2.END_HEADERS, 3, block))
+    conn.send_headers(1, ((b":status", b"200"),))
+    conn.send_headers(3, ((b":status", b"200"),))
+    conn.receive(frame(http2.SETTINGS, 0, 0, struct.pack(">HI", http2.HEADER_TABLE_SIZE, 0)))
+    conn.send_headers(3, ((b"grpc-status", b"0"),), end_stream=True)
+    blocks = [f[3] for f in frames_of(conn.data_to_send()) if f[0] == http2.HEADERS]
+    assert blocks[0] == b"\x20\x88" and blocks[1] == b"\x88" and blocks[2][:1] == b"\x20"
+
+
+def test_sending_on_a_closed_stream_does_nothing():
+    conn, _ = started()
+    conn.send_headers(7, ((b":status", b"200"),))
+    conn.send_data(7, b"x")
+    conn.reset_stream(7)
+    assert conn.data_to_send() == []
+
+
+def test_close_connection_names_the_last_stream():
+    conn, _ = started()
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 5, block))
+    conn.close_connection()
+    conn.close_connection()
+    assert frames_of(conn.data_to_send()) == [(http2.GOAWAY, 0, 0, b"\0\0\0\x05\0\0\0\0")]
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", http2.PROTOCOL_ERROR),
+    (PREFACE + frame(http2.PING, 0, 0, b"12345678"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.PUSH_PROMISE, 4, 1, b"\0\0\0\2"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.DATA, 0, 1, b"x"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.HEADERS, 4, 2, b"\x88"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.HEADERS, 4, 0, b"\x88"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.CONTINUATION, 4, 1, b"\x88"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.HEADERS, 0, 1, b"\x88") + frame(http2.PING, 0, 0, b"1" * 8),
+     http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.HEADERS, 4, 1, b"\xff\xff\xff\x7f"), http2.COMPRESSION_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.PING, 0, 0, b"1234"), http2.FRAME_SIZE_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.PING, 0, 1, b"12345678"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.SETTINGS, 0, 0, b"\0\4\x80\0\0\0"), http2.FLOW_CONTROL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.SETTINGS, 0, 0, b"\0\5\0\0\0\1"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.SETTINGS, 0, 0, b"\0\2\0\0\0\2"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.SETTINGS, 0, 0, b"\0\2\0"), http2.FRAME_SIZE_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.SETTINGS, 1, 0, b"\0\2\0\0\0\0"), http2.FRAME_SIZE_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.WINDOW_UPDATE, 0, 0, b"\x7f\xff\xff\xff"),
+     http2.FLOW_CONTROL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.WINDOW_UPDATE, 0, 9, b"\0\0\0\1"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.RST_STREAM, 0, 9, b"\0\0\0\1"), http2.PROTOCOL_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.PRIORITY, 0, 1, b"\0\0"), http2.FRAME_SIZE_ERROR),
+    (PREFACE + EMPTY_SETTINGS + frame(http2.DATA, 0, 1, b"")[:3].replace(b"\0\0\0", b"\x10\0\0")
+     + b"\0" * 6, http2.FRAME_SIZE_ERROR),
+])
+def test_protocol_errors_end_the_connection_with_goaway(data, code):
+    conn, _ = server(max_frame_size=1 << 16)
+    with pytest.raises(http2.Http2Error) as raised:
+        conn.receive(data)
+    assert raised.value.code == code
+    goaway = [f for f in frames_of(conn.data_to_send()) if f[0] == http2.GOAWAY]
+    assert len(goaway) == 1 and goaway[0][3][4:] == struct.pack(">I", code)
+
+
+def test_data_beyond_the_connection_window_ends_the_connection():
+    conn, _ = started(connection_window=65535, stream_window=1 << 20)
+    block = http2.encode_headers(((b":path", b"/a"),))
+    conn.receive(frame(http2.HEADERS, http2.END_HEADERS, 1, block))
+    conn.receive(frame(http2.DATA, 0, 1, b"x" * 65535))
+    with pytest.raises(http2.Http2Error) as raised:
+        conn.receive(frame(http2.DATA, 0, 1, b"x"))
+    assert raised.value.code == http2.FLOW_CONTROL_ERROR
+
+
+def test_unknown_frame_types_are_ignored():
+    conn, listener = started()
+    conn.receive(frame(0x42, 0xFF, 0, b"whatever"))
+    assert listener.events == [] and conn.data_to_send() == []
+
+
+_BLOCK = http2.encode_headers(((b":path", b"/a"), (b"content-type", b"application/grpc")))
+_FRAMES = st.lists(st.tuples(
+    st.integers(0, 10), st.integers(0, 255), st.sampled_from([0, 1, 2, 3, 5, 2**31 - 1]),
+    st.one_of(st.binary(max_size=40), st.just(_BLOCK), st.just(b"\0\0\0\1"),
+              st.just(b"\x03" + _BLOCK + b"pad"), st.just(b"\0\4\0\0\0\0"))), max_size=12)
+
+
+# perf/fuzz_decoders.py runs this with many more examples.
+@settings(max_examples=int(os.environ.get("SHMSERVE_FUZZ_EXAMPLES", 300)), deadline=None,
+          database=None)
+@given(_FRAMES, st.binary(max_size=30))
+def test_any_frames_either_parse_or_end_the_connection_with_goaway(frames, tail):
+    conn, listener = started()
+    try:
+        conn.receive(b"".join(frame(*f) for f in frames) + tail)
+    except http2.Http2Error:
+        assert any(f[0] == http2.GOAWAY for f in frames_of(conn.data_to_send()))
+        return
+    assert all(sid <= conn.last_stream_id and sid & 1 for sid in conn.streams)
+    requested = {e[1] for e in listener.events if e[0] == "request"}
+    assert {e[1] for e in listener.events if e[0] in ("data", "end", "reset")} <= requested
