@@ -45,6 +45,7 @@ STREAM_CLOSED = 0x5
 FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 # SETTINGS parameters.
 HEADER_TABLE_SIZE = 0x1
@@ -288,7 +289,7 @@ class ServerConnection:
         _, end_stream, block = self._continuing
         block += payload
         if len(block) > self.max_frame_size:
-            raise Http2Error(COMPRESSION_ERROR, f"a header block of over {len(block)} bytes")
+            raise Http2Error(ENHANCE_YOUR_CALM, f"a header block of over {len(block)} bytes")
         if flags & END_HEADERS:
             self._continuing = None
             self._headers(sid, end_stream, bytes(block))

@@ -84,7 +84,7 @@ class _Call:
 
     __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "buffer", "messages",
                  "remote_ended", "waiter", "unacked", "task", "deadline", "expired",
-                 "headers_sent", "finished", "window_waiter")
+                 "headers_sent", "finished")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, headers: list,
                  encoding: bytes | None):
@@ -103,7 +103,6 @@ class _Call:
         self.expired = False
         self.headers_sent = False
         self.finished = False
-        self.window_waiter: asyncio.Future | None = None
 
     # The handler's context.
     def invocation_metadata(self) -> tuple:
@@ -140,6 +139,7 @@ class _Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._silent: asyncio.TimerHandle | None = None
         self._peer_leaving = False
+        self._window_waiters: list = []  # futures of calls waiting for a send window
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -339,8 +339,6 @@ class _Connection(asyncio.Protocol):
         if call.task is not None:
             call.task.cancel()
         call.wake()
-        if call.window_waiter is not None and not call.window_waiter.done():
-            call.window_waiter.set_result(None)
 
     def _expire(self, call: _Call) -> None:
         call.deadline = None
@@ -354,10 +352,13 @@ class _Connection(asyncio.Protocol):
             self.flush()
 
     def on_window(self) -> None:
-        for call in self.calls.values():
-            waiter = call.window_waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        # Clients send WINDOW_UPDATEs all the time (gRPC's: two per call), and few calls
+        # wait for one: only those are woken.
+        if self._window_waiters:
+            waiters, self._window_waiters = self._window_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def on_goaway(self) -> None:
         """The client opens no more calls; those in flight still get their answers."""
@@ -437,9 +438,9 @@ class _Connection(asyncio.Protocol):
                            len(chunk))
                 if size <= 0:
                     self.flush()
-                    call.window_waiter = loop.create_future()
-                    await call.window_waiter
-                    call.window_waiter = None
+                    waiter = loop.create_future()
+                    self._window_waiters.append(waiter)
+                    await waiter  # cancelled with the call's task if the call ends first
                     continue
                 conn.send_data(sid, chunk[:size])
                 chunk = chunk[size:]

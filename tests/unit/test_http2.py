@@ -348,6 +348,15 @@ def test_protocol_errors_end_the_connection_with_goaway(data, code):
     assert len(goaway) == 1 and goaway[0][3][4:] == struct.pack(">I", code)
 
 
+def test_an_endless_header_block_ends_the_connection():
+    conn, _ = started(max_frame_size=1 << 14)
+    conn.receive(frame(http2.HEADERS, 0, 1, b"\x88"))
+    with pytest.raises(http2.Http2Error) as raised:
+        for _ in range(3):
+            conn.receive(frame(http2.CONTINUATION, 0, 1, b"\x88" * 8000))
+    assert raised.value.code == http2.ENHANCE_YOUR_CALM
+
+
 def test_data_beyond_the_connection_window_ends_the_connection():
     conn, _ = started(connection_window=65535, stream_window=1 << 20)
     block = http2.encode_headers(((b":path", b"/a"),))
