@@ -8,15 +8,19 @@ small batch takes to run. The least-loaded instance is always chosen first.
 
 import asyncio
 import collections
+import logging
 
 from shmserve.errors import Code, ServerError
+
+log = logging.getLogger("shmserve.dispatch")
 
 PIPELINE_DEPTH = 2
 
 
 class InstancePool:
-    """Works with anything that has `alive`, `execute(batch)` and `instance_name`, so the
-    schedulers above can be tested with fake instances."""
+    """Works with anything that has `alive`, `instance_name` and `execute(batch)` (which
+    gives a future, or a coroutine, of (responses, timings)), so the schedulers above can be
+    tested with fake instances."""
 
     def __init__(self, instances: list, depth: int = PIPELINE_DEPTH):
         self.instances = list(instances)
@@ -122,3 +126,15 @@ class InstancePool:
     def close(self) -> None:
         self._closed = True
         self.wake_all()
+
+
+def batch_error(inst, exc: BaseException) -> ServerError:
+    """What the requests of a batch that failed on `inst` are answered: its ServerError, or an
+    INTERNAL one for anything else (a bug below the scheduler, or the loop shutting down),
+    which is logged."""
+    if isinstance(exc, ServerError):
+        return exc
+    if isinstance(exc, Exception):
+        log.error("batch failed on model instance '%s'", inst.instance_name, exc_info=exc)
+    return ServerError(Code.INTERNAL, f"batch failed on model instance "
+                                      f"'{inst.instance_name}': {exc!r}")

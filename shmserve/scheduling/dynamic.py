@@ -13,14 +13,13 @@ timer), so there is no scheduler task to wake, and tests can drive it with a fak
 
 import asyncio
 import functools
-import logging
 
+from shmserve.dispatch.pool import batch_error
 from shmserve.errors import Code, ServerError
 from shmserve.scheduling.queue import (GONE, QUEUED, TAKEN, Pending, QueueRejection, RequestQueue,
                                       resolve)
 from shmserve.scheduling.timer import Alarm, LoopTimer
 
-log = logging.getLogger("shmserve.scheduling")
 
 # The outcome of a request whose caller went away while it was queued.
 _ABANDONED = object()
@@ -48,7 +47,7 @@ class DynamicBatcher:
         self._wake = Alarm(self._timer, self._schedule)  # the pending batch's queue delay
         self._scheduling = False
         self._schedule_soon = False
-        self._running: set = set()  # batch tasks, referenced until they end
+        self._running: set = set()  # batches in flight, referenced until they end
         pool.add_listener(self._schedule)
 
     @classmethod
@@ -191,33 +190,35 @@ class DynamicBatcher:
                 e.timer.cancel()
                 e.timer = None
         self._stats.pending -= len(entries)
-        task = asyncio.ensure_future(self._run(inst, entries, now))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _run(self, inst, entries: list, dispatched_ns: int) -> None:
         try:
-            responses, timings = await inst.execute([e.work for e in entries])
-        except ServerError as exc:
-            self._pool.release(inst)
-            for e in entries:
-                self._answer(e, exc)
+            # A WorkerHandle sends the batch now and gives a future; a test's instance may
+            # give a coroutine, which then runs as a task.
+            batch = asyncio.ensure_future(inst.execute([e.work for e in entries]))
+        except Exception as exc:
+            self._failed(inst, entries, exc)
             return
-        except BaseException as exc:  # a bug below us, or the loop shutting down
-            self._pool.release(inst)
-            if isinstance(exc, Exception):
-                log.exception("batch failed on model instance '%s'", inst.instance_name)
-            error = ServerError(Code.INTERNAL, f"batch failed on model instance "
-                                               f"'{inst.instance_name}': {exc!r}")
-            for e in entries:
-                self._answer(e, error)
-            if not isinstance(exc, Exception):
-                raise
+        self._running.add(batch)
+        batch.add_done_callback(functools.partial(self._ran, inst, entries, now))
+
+    def _ran(self, inst, entries: list, dispatched_ns: int, batch: asyncio.Future) -> None:
+        self._running.discard(batch)
+        if batch.cancelled():  # the loop is shutting down
+            self._failed(inst, entries, asyncio.CancelledError())
             return
+        if batch.exception() is not None:
+            self._failed(inst, entries, batch.exception())
+            return
+        responses, timings = batch.result()
         self._pool.release(inst)
         self._stats.record_execution(sum(e.batch_size for e in entries), timings)
         for e, response in zip(entries, responses):
             self._answer(e, (response, timings, dispatched_ns - e.enqueued_ns))
+
+    def _failed(self, inst, entries: list, exc: BaseException) -> None:
+        self._pool.release(inst)
+        error = batch_error(inst, exc)
+        for e in entries:
+            self._answer(e, error)
 
     # -- answers --------------------------------------------------------------------------
 

@@ -30,8 +30,10 @@ Like the dynamic batcher, everything happens in callbacks on the event loop.
 import asyncio
 import bisect
 import collections
+import functools
 import logging
 
+from shmserve.dispatch.pool import batch_error
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import datatypes
@@ -368,28 +370,32 @@ class SequenceBatcher:
         self._stats.pending -= len(taken)
         position = batch[0][0].position
         self._busy[position] += 1
-        task = asyncio.ensure_future(self._run(inst, position, works, taken))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _run(self, inst, position: int, works: list, taken: list) -> None:
         try:
-            responses, timings = await inst.execute(works)
-        except BaseException as exc:
-            self._busy[position] -= 1
-            if isinstance(exc, ServerError):
-                error = exc
-            else:  # a bug below us, or the loop shutting down
-                if isinstance(exc, Exception):
-                    log.exception("batch failed on model instance '%s'", inst.instance_name)
-                error = ServerError(Code.INTERNAL, f"batch failed on model instance "
-                                                   f"'{inst.instance_name}': {exc!r}")
-            for _, entry in taken:
-                self._finish(entry, error)
-            self._pool.release(inst)
-            if not isinstance(exc, Exception):
-                raise
+            # A WorkerHandle sends the batch now and gives a future; a test's instance may
+            # give a coroutine, which then runs as a task.
+            execution = asyncio.ensure_future(inst.execute(works))
+        except Exception as exc:
+            self._failed(inst, position, taken, exc)
             return
+        self._running.add(execution)
+        execution.add_done_callback(functools.partial(self._ran, inst, position, taken))
+
+    def _failed(self, inst, position: int, taken: list, exc: BaseException) -> None:
+        self._busy[position] -= 1
+        error = batch_error(inst, exc)
+        for _, entry in taken:
+            self._finish(entry, error)
+        self._pool.release(inst)
+
+    def _ran(self, inst, position: int, taken: list, batch: asyncio.Future) -> None:
+        self._running.discard(batch)
+        if batch.cancelled():  # the loop is shutting down
+            self._failed(inst, position, taken, asyncio.CancelledError())
+            return
+        if batch.exception() is not None:
+            self._failed(inst, position, taken, batch.exception())
+            return
+        responses, timings = batch.result()
         self._busy[position] -= 1
         self._stats.record_execution(len(taken), timings)
         answered = set()

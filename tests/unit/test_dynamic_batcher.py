@@ -8,7 +8,7 @@ import pytest
 
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
-from shmserve.errors import ServerError
+from shmserve.errors import Code, ServerError
 from shmserve.scheduling.dynamic import DynamicBatcher
 from shmserve.scheduling.queue import QueuePolicy, QueueRejection, RequestQueue
 from shmserve.stats import ModelStats
@@ -55,12 +55,17 @@ class FakeInstance:
         self.alive = True
         self.running = []  # (requests, future)
         self.seen = []  # batch sizes in dispatch order, as lists of request ids
+        self.refuse: ServerError | None = None
 
-    async def execute(self, batch):
+    def execute(self, batch):
+        """As a WorkerHandle: the batch leaves at once (or is refused at once), its answer
+        comes later."""
+        if self.refuse is not None:
+            raise self.refuse
         future = asyncio.get_running_loop().create_future()
         self.running.append((batch, future))
         self.seen.append([r.request_id for r in batch])
-        return await future
+        return future
 
     def finish(self, index=0):
         batch, future = self.running.pop(index)
@@ -502,4 +507,22 @@ def test_close_fails_queued_requests():
         with pytest.raises(ServerError, match="unloaded"):
             await waiting
         assert h.stats.pending == 0
+    run(main())
+
+
+def test_a_batch_refused_at_once_fails_alone_and_the_next_one_runs():
+    async def main():
+        h = Harness()
+        h.inst.refuse = ServerError(Code.UNAVAILABLE, "model instance 'inst_0' is not available")
+        refused = h.submit("a")
+        await settle()
+        with pytest.raises(ServerError) as e:
+            await refused
+        assert e.value.code == Code.UNAVAILABLE
+        h.inst.refuse = None
+        served = h.submit("b")
+        await settle()
+        h.inst.finish()
+        response, _, _ = await served
+        assert response.parameters == {"id": "b"}
     run(main())

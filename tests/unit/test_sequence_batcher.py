@@ -26,11 +26,12 @@ class SlotInstance:
         self.running = []
         self.seen = []
 
-    async def execute(self, batch):
+    def execute(self, batch):
+        """As a WorkerHandle: the batch leaves at once, its answer comes later."""
         future = asyncio.get_running_loop().create_future()
         self.running.append((batch, future))
         self.seen.append([(r.correlation_id, r.sequence_slot, r.ready, r.flags) for r in batch])
-        return await future
+        return future
 
     def finish(self, reschedule=()):
         """Answer the oldest running batch; requests whose correlation id is in `reschedule`
