@@ -305,6 +305,9 @@ def build_app(dataplane: DataPlane, max_input_size: int,
     r = HttpRoutes(dataplane, max_input_size)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
+    # The router tries a path's routes in the order they were added: inference first.
+    for prefix in (m, mv):
+        app.router.add_post(prefix + "/infer", r.infer)
     app.router.add_get("/v2", r.server_metadata)
     app.router.add_get("/v2/health/live", r.live)
     app.router.add_get("/v2/health/ready", r.ready)
@@ -320,7 +323,6 @@ def build_app(dataplane: DataPlane, max_input_size: int,
         app.router.add_get(prefix + "/ready", r.model_ready)
         app.router.add_get(prefix + "/config", r.model_config)
         app.router.add_get(prefix + "/stats", r.model_stats)
-        app.router.add_post(prefix + "/infer", r.infer)
         app.router.add_post(prefix + "/generate", r.generate)
         app.router.add_post(prefix + "/generate_stream", r.generate_stream)
     shared_memory.add_routes(app, dataplane.shared_memory)
