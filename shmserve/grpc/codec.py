@@ -228,39 +228,63 @@ def decode_model_infer_request(msg, raw=None) -> InferRequest:
     )
 
 
-def encode_model_infer_response(resp: InferResponse, msg=None):
-    """-> proto.ModelInferResponse (filled into `msg` if given) with one raw_output_contents
-    entry per output, in output order, always: tritonclient finds an output's bytes by its
-    position."""
-    msg = _response_head(resp, msg)
-    # protobuf bytes fields take bytes only; a memoryview is copied once here.
-    msg.raw_output_contents.extend(
-        [out.data if type(out.data) is bytes else bytes(out.data) for out in resp.outputs]
-    )
-    return msg
-
-
 # raw_output_contents is field 6 of ModelInferResponse, length-delimited (wire type 2).
 _RAW_OUTPUT_TAG = bytes([6 << 3 | 2])
 
 
 def serialize_model_infer_response(resp: InferResponse) -> bytes:
-    """The wire bytes of encode_model_infer_response(resp), with each output's bytes copied
-    once, straight from where they are: protobuf would copy a large output three times (into
-    bytes, into the message, into the serialized buffer), page-faulting fresh memory each time.
-    Protobuf parsers take a repeated field's elements appended after the other fields."""
-    pieces = [_response_head(resp).SerializeToString()]
-    for out in resp.outputs:
-        data = out.data
-        pieces.append(_RAW_OUTPUT_TAG + _varint(data.nbytes if type(data) is memoryview
-                                                else len(data)))
-        pieces.append(data)
+    """The wire bytes of the ModelInferResponse for `resp`, with one raw_output_contents
+    entry per output, in output order, always (tritonclient finds an output's bytes by its
+    position). Each output's bytes are copied once, straight from where they are: protobuf
+    would copy a large output three times (into bytes, into the message, into the serialized
+    buffer), page-faulting fresh memory each time. Protobuf parsers take a repeated field's
+    elements appended after the other fields."""
+    pieces, _ = _response_pieces(resp)
     return b"".join(pieces)
 
 
-def _response_head(resp: InferResponse, msg=None):
-    if msg is None:
-        msg = proto.ModelInferResponse()
+# ModelStreamInferResponse's infer_response is its field 2, length-delimited.
+_STREAM_RESPONSE_TAG = bytes([2 << 3 | 2])
+
+
+def _final_flag(final: bool) -> bytes:
+    msg = proto.ModelInferResponse()
+    msg.parameters["triton_final_response"].bool_param = final
+    return msg.SerializeToString()
+
+
+# A map entry appended to a message's other entries joins them (a later key would win).
+_FINAL_FLAG = {final: _final_flag(final) for final in (False, True)}
+
+
+def serialize_stream_infer_response(resp: InferResponse, final: bool) -> bytes:
+    """The wire bytes of a ModelStreamInferResponse holding `resp`, with its
+    triton_final_response parameter, built as serialize_model_infer_response builds its
+    message."""
+    pieces, size = _response_pieces(resp)
+    flag = _FINAL_FLAG[final]
+    pieces.append(flag)
+    pieces.insert(0, _STREAM_RESPONSE_TAG + _varint(size + len(flag)))
+    return b"".join(pieces)
+
+
+def _response_pieces(resp: InferResponse) -> tuple[list, int]:
+    """The pieces of a serialized ModelInferResponse, and their total size."""
+    head = _response_head(resp).SerializeToString()
+    pieces = [head]
+    size = len(head)
+    for out in resp.outputs:
+        data = out.data
+        nbytes = data.nbytes if type(data) is memoryview else len(data)
+        tag = _RAW_OUTPUT_TAG + _varint(nbytes)
+        pieces.append(tag)
+        pieces.append(data)
+        size += len(tag) + nbytes
+    return pieces, size
+
+
+def _response_head(resp: InferResponse):
+    msg = proto.ModelInferResponse()
     msg.model_name = resp.model_name
     msg.model_version = resp.model_version
     msg.id = resp.id

@@ -311,22 +311,21 @@ def _rejected(msg, max_inflight: int) -> asyncio.Future:
 
 
 def _stream_response(msg, item: StreamedResponse):
-    """The message for one response of request `msg` (a _Failure for an error)."""
+    """The serialized message for one response of request `msg` (a _Failure for an error)."""
     if item.error is not None:
         return _Failure(msg, item.error, item.final)
-    out = proto.ModelStreamInferResponse()
-    response = out.infer_response
     if item.response is not None:
         try:
-            codec.encode_model_infer_response(item.response, response)
+            return codec.serialize_stream_infer_response(item.response, item.final)
         finally:
             item.response.done()
-    else:
-        response.id = msg.id
-        response.model_name = msg.model_name
-        response.model_version = msg.model_version
+    out = proto.ModelStreamInferResponse()
+    response = out.infer_response
+    response.id = msg.id
+    response.model_name = msg.model_name
+    response.model_version = msg.model_version
     response.parameters["triton_final_response"].bool_param = item.final
-    return out
+    return out.SerializeToString()
 
 
 class _Failure:
@@ -347,7 +346,7 @@ class _Failure:
         response.model_name = self.msg.model_name
         response.model_version = self.msg.model_version
         response.parameters["triton_final_response"].bool_param = self.final
-        return out
+        return out.SerializeToString()
 
 
 def _region_statuses(response, statuses: list):
@@ -367,7 +366,7 @@ class HealthServicer:
 
 
 def _serialized(response: bytes) -> bytes:
-    """ModelInfer's response, which codec.serialize_model_infer_response serialized already."""
+    """The responses of ModelInfer and ModelStreamInfer, which the servicer serialized."""
     return response
 
 
@@ -383,7 +382,8 @@ def _methods(service_name: str, servicer) -> dict:
         table[f"/{service_name}/{name}"] = Method(
             handler=fn if client_stream else _unary(fn),
             deserialize=None if name == "ModelInfer" else req_cls.FromString,
-            serialize=_serialized if name == "ModelInfer" else resp_cls.SerializeToString,
+            serialize=(_serialized if name in ("ModelInfer", "ModelStreamInfer")
+                       else resp_cls.SerializeToString),
             streaming=client_stream)
     return table
 

@@ -12,9 +12,9 @@ from shmserve import proto
 from shmserve.errors import Code, ServerError
 from shmserve.grpc.codec import (
     decode_model_infer_request,
-    encode_model_infer_response,
     parse_model_infer_request,
     serialize_model_infer_response,
+    serialize_stream_infer_response,
     parameters_from_proto,
     parameters_to_proto,
 )
@@ -250,18 +250,46 @@ def test_unknown_datatype_and_negative_shape():
 # ---------------------------------------------------------------- encode
 
 
+def reference(resp: InferResponse) -> service_pb2.ModelInferResponse:
+    """The message as protobuf itself builds it, from its constructors."""
+    def with_parameters(msg, parameters):
+        parameters_to_proto(parameters or {}, msg.parameters)
+        return msg
+
+    tensors = [with_parameters(service_pb2.ModelInferResponse.InferOutputTensor(
+        name=o.name, datatype=o.datatype, shape=o.shape), o.parameters) for o in resp.outputs]
+    return with_parameters(service_pb2.ModelInferResponse(
+        model_name=resp.model_name, model_version=resp.model_version, id=resp.id,
+        outputs=tensors, raw_output_contents=[bytes(o.data) for o in resp.outputs]),
+        resp.parameters)
+
+
 def client_result(response):
     """Over the wire: serialized as ModelInfer sends it, parsed by tritonclient's classes."""
     wire = serialize_model_infer_response(response)
-    assert wire == encode_model_infer_response(response).SerializeToString()
+    assert wire == reference(response).SerializeToString()
     return grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(wire))
 
 
 def test_large_outputs_serialize_as_protobuf_does():
     big = OutputTensor("big", "UINT8", [300_000], memoryview(bytes(range(256)) * 1172)[:300_000])
     response = InferResponse("m", "1", outputs=[big, output("b", "BYTES")])
-    assert serialize_model_infer_response(response) == \
-        encode_model_infer_response(response).SerializeToString()
+    assert serialize_model_infer_response(response) == reference(response).SerializeToString()
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_stream_responses_parse_as_protobuf_builds_them(final):
+    big = OutputTensor("big", "UINT8", [300_000], memoryview(bytes(range(256)) * 1172)[:300_000])
+    response = InferResponse("m", "1", id="r", parameters={"n": 3},
+                             outputs=[big, output("b", "BYTES")])
+    got = service_pb2.ModelStreamInferResponse.FromString(
+        serialize_stream_infer_response(response, final))
+    want = service_pb2.ModelStreamInferResponse()
+    want.infer_response.CopyFrom(reference(response))
+    want.infer_response.parameters["triton_final_response"].bool_param = final
+    assert got == want
+    flag = got.infer_response.parameters["triton_final_response"]
+    assert flag.WhichOneof("parameter_choice") == "bool_param" and flag.bool_param is final
 
 
 def output(name, datatype, as_memoryview=False):
@@ -288,7 +316,8 @@ def test_every_output_has_a_raw_entry_in_order():
         OutputTensor("in_shm", "FP32", [4], b""),
         output("b", "BYTES"),
     ]
-    msg = encode_model_infer_response(InferResponse("m", "1", outputs=outs))
+    msg = service_pb2.ModelInferResponse.FromString(
+        serialize_model_infer_response(InferResponse("m", "1", outputs=outs)))
     assert [bytes(c) for c in msg.raw_output_contents] == [bytes(o.data) for o in outs]
     result = client_result(InferResponse("m", "1", outputs=outs))
     np.testing.assert_array_equal(result.as_numpy("a"), SAMPLES["FP32"])
@@ -299,7 +328,7 @@ def test_every_output_has_a_raw_entry_in_order():
 def test_response_fields_and_parameters():
     response = InferResponse("m", "4", id="r1", parameters={"triton_final_response": True, "n": 3},
                              outputs=[OutputTensor("o", "UINT8", [1], b"\x05", parameters={"k": "v"})])
-    msg = encode_model_infer_response(response)
+    msg = service_pb2.ModelInferResponse.FromString(serialize_model_infer_response(response))
     assert (msg.model_name, msg.model_version, msg.id) == ("m", "4", "r1")
     assert msg.parameters["triton_final_response"].bool_param is True
     assert msg.parameters["n"].int64_param == 3
