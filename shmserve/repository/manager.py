@@ -216,13 +216,22 @@ class ModelManager:
             del self._fingerprints[name]
             log.info("model '%s' left the repository: unloading it", name)
             self._unload_now(name)
-        changed = []
+        changed = {}
         for name, entry in entries.items():
             mark = fingerprint(entry.path)
             if self._fingerprints.get(name) != mark:
                 self._fingerprints[name] = mark
-                changed.append(entry)
-        await asyncio.gather(*(self._reload(entry) for entry in changed))
+                changed[name] = entry
+        # An ensemble checks its steps as it loads, and is not tried again unless it changes:
+        # the changed models its steps use load first (together), then it.
+        while changed:
+            ready = [entry for entry in changed.values()
+                     if not (self.loader.ensemble_steps(entry) or set()) & changed.keys()]
+            if not ready:  # steps in a cycle: their loads say what is wrong
+                ready = list(changed.values())
+            for entry in ready:
+                del changed[entry.name]
+            await asyncio.gather(*(self._reload(entry) for entry in ready))
 
     async def _reload(self, entry) -> None:
         async with self._lock(entry.name):

@@ -420,3 +420,30 @@ def test_ensembles_load_their_steps_and_unload_with_them(tmp_path):
     finally:
         http.close()
         stop_server(server)
+
+
+def test_poll_mode_loads_a_new_ensemble_after_its_new_steps(tmp_path):
+    """An ensemble and the model its steps use, added together, are found by one poll: the
+    step loads first, or the ensemble would fail for want of it and never be retried."""
+    repo = str(tmp_path / "repo")
+    add_model(repo, "other")
+    server = start_server(repo, str(tmp_path / "poll.log"), "--model-control-mode=poll",
+                          "--repository-poll-secs=1", wait_models=("other",))
+    http = httpclient.InferenceServerClient(server.http_url)
+    try:
+        staging = str(tmp_path / "staging")
+        add_model(staging, "scale")
+        os.makedirs(os.path.join(staging, "pipeline", "1"))
+        with open(os.path.join(staging, "pipeline", "config.pbtxt"), "w") as f:
+            f.write(PIPELINE_CONFIG)
+        # The step first: a poll between the two moves would then load it alone, and the
+        # ensemble next time, which is right too.
+        for name in ("scale", "pipeline"):
+            os.rename(os.path.join(staging, name), os.path.join(repo, name))
+        wait_until(lambda: http.is_model_ready("pipeline"), what="the ensemble ready")
+        inp = httpclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        assert http.infer("pipeline", [inp]).as_numpy("OUTPUT0").tolist() == [4.0, 8.0]
+    finally:
+        http.close()
+        stop_server(server)
