@@ -12,6 +12,7 @@ block made only of one-byte table references (what a gRPC client sends for every
 its first) is decoded once and then looked up.
 """
 
+import functools
 import struct
 
 import hpack
@@ -103,24 +104,21 @@ def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 
 _STATUS_200 = (b":status", b"200")
-_blocks: dict = {}
 
 
+# The few constant blocks (response headers, OK trailers) are asked for on every call and
+# stay in the cache; error trailers, which vary, pass through it.
+@functools.lru_cache(maxsize=64)
 def encode_headers(headers: tuple) -> bytes:
     """An HPACK block that leaves the dynamic table alone: ':status: 200' as its static index,
     everything else as literals without indexing, so a block depends only on its headers."""
-    block = _blocks.get(headers)
-    if block is None:
-        parts = []
-        for name, value in headers:
-            if (name, value) == _STATUS_200:
-                parts.append(b"\x88")
-            else:
-                parts += (b"\x00", _hpack_int(len(name), 7), name, _hpack_int(len(value), 7), value)
-        block = b"".join(parts)
-        if len(_blocks) < 256:  # the constant blocks; error trailers vary and are not kept
-            _blocks[headers] = block
-    return block
+    parts = []
+    for name, value in headers:
+        if (name, value) == _STATUS_200:
+            parts.append(b"\x88")
+        else:
+            parts += (b"\x00", _hpack_int(len(name), 7), name, _hpack_int(len(value), 7), value)
+    return b"".join(parts)
 
 
 class ServerConnection:
