@@ -4,7 +4,8 @@ The properties of tests/unit/test_fuzz_decoders.py (a correct result or a Server
 client-facing code; memory in proportion to the input) and of the gRPC layer in
 tests/unit/test_grpc_transport.py (every call on an HTTP/2 connection ends with a gRPC status,
 whatever its framing, headers and the bytes after it) and of tests/unit/test_http2.py (any
-frames either parse or end the connection with GOAWAY), run with many more examples by
+frames either parse or end the connection with GOAWAY) and of tests/unit/test_http1.py (any
+bytes on an HTTP/1.1 connection get answers, a refusal or a wait, never an exception), run with many more examples by
 hypothesis, and with --atheris also coverage-guided (libFuzzer through atheris) on the decoders
 that take bytes or text: the HTTP infer body, the gRPC ModelInferRequest, config.pbtxt,
 JSON configs and generate bodies.
@@ -37,9 +38,10 @@ def run_hypothesis(seconds: float) -> list[str]:
     os.environ["SHMSERVE_FUZZ_EXAMPLES"] = str(CHUNK)
     from tests.unit import test_fuzz_decoders as props
     from tests.unit import test_grpc_transport as transport_props
+    from tests.unit import test_http1 as http1_props
     from tests.unit import test_http2 as http2_props
 
-    tests = [(name, fn) for module in (props, transport_props, http2_props)
+    tests = [(name, fn) for module in (props, transport_props, http2_props, http1_props)
              for name, fn in vars(module).items()
              if name.startswith("test_") and hasattr(fn, "hypothesis")]
     failures = []

@@ -25,6 +25,7 @@ STACKS = {
     "grpc.aio + uvloop": ("grpc", "grpc-aio"),
     "grpc sync, 8 threads": ("grpc", "grpc-sync"),
     "aiohttp + uvloop": ("http", "aiohttp"),
+    "shmserve's HTTP/1.1 + uvloop": ("http", "shmserve-http"),
 }
 
 ECHO_SERVER = r'''
@@ -75,6 +76,23 @@ elif mode == "grpc-aio":
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         await server.wait_for_termination()
+    uvloop.run(main())
+elif mode == "shmserve-http":
+    import asyncio, uvloop
+    from shmserve.http.http1 import HttpServer, Response
+    async def main():
+        async def infer(request):
+            n = int(request.headers["inference-header-content-length"])
+            body = request.body
+            header, raw = json.loads(body[:n]), body[n:]
+            out = json.dumps({"model_name": "identity_fp32", "model_version": "1", "outputs": [
+                {"name": "OUTPUT0", "datatype": "FP32", "shape": header["inputs"][0]["shape"],
+                 "parameters": {"binary_data_size": len(raw)}}]}).encode()
+            return Response(200, out + raw, "application/octet-stream",
+                            {"Inference-Header-Content-Length": str(len(out))})
+        server = HttpServer(infer, 2**26)
+        await server.start("127.0.0.1", port)
+        await asyncio.Event().wait()
     uvloop.run(main())
 else:
     import uvloop

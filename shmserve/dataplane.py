@@ -39,7 +39,7 @@ log = logging.getLogger("shmserve.dataplane")
 MAX_MESSAGE_SIZE = 2**31 - 1  # gRPC's ceiling (INT32_MAX), and Triton's setting
 MAX_TENSOR_BYTE_SIZE = 2**31  # as much as Triton's largest gRPC message could carry
 # Requests one HTTP connection or one gRPC stream has in flight; as many as the stream flow
-# control allowed before it was a flag, and above aiohttp's own bound on pipelining (32).
+# control allowed before it was a flag.
 MAX_INFLIGHT_PER_CONNECTION = 64
 # Queued requests per model with no queue policy of its own. Above any benchmark's
 # concurrency, yet it keeps an open-loop flood from queueing without bound.

@@ -7,10 +7,10 @@ import logging
 import os
 import time
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.registry import Registry
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
 
@@ -257,27 +257,23 @@ class GpuMetricsCollector:
         yield from (util, mem_total, mem_used, power, limit, energy)
 
 
-def build_metrics_app(registry: Registry, *, allow_cpu_metrics: bool = True,
-                      allow_gpu_metrics: bool = True,
-                      interval_ms: int = 2000) -> web.Application:
+def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
+                         allow_gpu_metrics: bool = True, interval_ms: int = 2000) -> HttpServer:
     interval_s = interval_ms / 1000.0
     prom = CollectorRegistry(auto_describe=False)
     prom.register(ModelMetricsCollector(registry))
     if allow_cpu_metrics and os.path.exists("/proc/stat"):
         prom.register(Throttled(CpuMetricsCollector(), interval_s))
     gpu = GpuMetricsCollector.open() if allow_gpu_metrics else None
-
-    async def metrics(request):
-        return web.Response(body=generate_latest(prom),
-                            headers={"Content-Type": "text/plain; charset=utf-8"})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/metrics/", metrics)
     if gpu is not None:
         prom.register(Throttled(gpu, interval_s))
 
-        async def close_nvml(app):
-            gpu.close()
-        app.on_cleanup.append(close_nvml)
-    return app
+    async def handle(request: Request) -> Response:
+        if request.path not in ("/metrics", "/metrics/"):
+            return error_response(404, "Not Found")
+        if request.method not in ("GET", "HEAD"):
+            return error_response(405, "Method Not Allowed")
+        return Response(200, generate_latest(prom), "text/plain; charset=utf-8")
+
+    return HttpServer(handle, max_input_size=64 * 1024,
+                      on_stop=gpu.close if gpu is not None else None)

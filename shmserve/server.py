@@ -11,7 +11,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Optional
 
-from aiohttp import web
 
 from shmserve import systemd
 from shmserve import dataplane as limits
@@ -91,7 +90,7 @@ class Server:
                                    max_queue_size_default=options.max_queue_size_default,
                                    max_open_streams=options.max_open_streams)
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
-        self._runners: list = []
+        self._http_servers: list = []
         self._grpc = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
@@ -125,25 +124,19 @@ class Server:
                                       opts.max_inflight_per_connection)
             await self._grpc.start(opts.grpc_address, opts.grpc_port)
         if opts.allow_metrics:
-            from shmserve.metrics import build_metrics_app
-            app = build_metrics_app(self.registry, allow_cpu_metrics=opts.allow_cpu_metrics,
-                                    allow_gpu_metrics=opts.allow_gpu_metrics,
-                                    interval_ms=opts.metrics_interval_ms)
-            await self._serve_aiohttp(app, opts.metrics_address, opts.metrics_port)
+            from shmserve.metrics import build_metrics_server
+            server = build_metrics_server(self.registry,
+                                          allow_cpu_metrics=opts.allow_cpu_metrics,
+                                          allow_gpu_metrics=opts.allow_gpu_metrics,
+                                          interval_ms=opts.metrics_interval_ms)
+            await server.start(opts.metrics_address, opts.metrics_port)
+            self._http_servers.append(server)
         if opts.allow_http:
-            from shmserve.http.app import RUNNER_OPTIONS, build_app
-            app = build_app(self.dataplane, opts.http_max_input_size,
-                            opts.max_inflight_per_connection)
-            await self._serve_aiohttp(app, opts.http_address, opts.http_port, **RUNNER_OPTIONS)
-
-    async def _serve_aiohttp(self, app, address: str, port: int, **options) -> None:
-        # The drain has waited for in-flight requests already: handlers still running when the
-        # endpoint stops are cancelled after this grace.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               shutdown_timeout=ENDPOINT_GRACE_S, **options)
-        await runner.setup()
-        self._runners.append(runner)
-        await web.TCPSite(runner, address, port, reuse_address=True).start()
+            from shmserve.http.app import build_server
+            server = build_server(self.dataplane, opts.http_max_input_size,
+                                  opts.max_inflight_per_connection)
+            await server.start(opts.http_address, opts.http_port)
+            self._http_servers.append(server)
 
     def _endpoint_names(self) -> list:
         o = self.options
@@ -182,9 +175,11 @@ class Server:
         if self._grpc is not None:
             await self._grpc.stop(grace=ENDPOINT_GRACE_S)
             self._grpc = None
-        for runner in self._runners:
-            await runner.cleanup()
-        self._runners.clear()
+        # The drain has waited for in-flight requests already: handlers still running when
+        # an endpoint stops are cancelled after this grace.
+        for server in self._http_servers:
+            await server.stop(grace=ENDPOINT_GRACE_S)
+        self._http_servers.clear()
         self.shared_memory.unregister_all()
         await self.models.stop()
         self.dataplane.live = False

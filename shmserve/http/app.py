@@ -10,11 +10,12 @@ import contextlib
 import logging
 
 import orjson
-from aiohttp import web
 
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
+from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.stats import stats_json
 
 log = logging.getLogger("shmserve.http")
@@ -30,58 +31,15 @@ STATUS = {
     Code.UNKNOWN: 400,
 }
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH = "inference-header-content-length"
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.Response(status=status, body=codec.encode_error(message),
-                        content_type="application/json")
+def _json(obj) -> Response:
+    return Response(200, orjson.dumps(obj), "application/json")
 
 
-def _json(obj) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), content_type="application/json")
-
-
-def _version(request: web.Request) -> str:
+def _version(request: Request) -> str:
     return request.match_info.get("version", "")
-
-
-@web.middleware
-async def _errors(request, handler):
-    try:
-        return await handler(request)
-    except ServerError as exc:
-        return _error(STATUS.get(exc.code, 400), exc.message)
-    except web.HTTPNotFound:
-        return _error(404, "Not Found")
-    except web.HTTPMethodNotAllowed:
-        return _error(405, "Method Not Allowed")
-    except web.HTTPRequestEntityTooLarge as exc:
-        # 400 as Triton answers it (its INVALID_ARG), with the limit's flag named.
-        return _error(400, f"request body exceeds the maximum input size "
-                           f"(--http-max-input-size): {exc.text}")
-
-
-# aiohttp stops reading a connection once it holds this many parsed requests.
-AIOHTTP_PIPELINE_BOUND = 32
-
-
-def _pipelining_cap(max_inflight: int):
-    """A connection holds the request being served plus the pipelined ones aiohttp parsed
-    behind it (it serves one connection's requests one at a time, and stops reading a
-    connection with 32 parsed). Over `max_inflight`, requests are answered 503 at once, so a
-    client that floods one connection gets told instead of queued."""
-    message = (f"the connection has more than {max_inflight} requests in flight, the most it "
-               f"allows (--max-inflight-per-connection): retry later")
-
-    @web.middleware
-    async def cap(request, handler):
-        # aiohttp keeps the parsed requests in a private deque; if that ever goes away the
-        # cap stops applying (test_limits checks it does apply), nothing else breaks.
-        if len(getattr(request.protocol, "_messages", ())) >= max_inflight:
-            return _error(503, message)
-        return await handler(request)
-    return cap
 
 
 # Bodies above this are (de)compressed in a thread so the event loop keeps serving.
@@ -100,10 +58,10 @@ class HttpRoutes:
         self.max_input_size = max_input_size
 
     async def live(self, request):
-        return web.Response(status=200 if self.dp.server_live() else 400)
+        return Response(200 if self.dp.server_live() else 400)
 
     async def ready(self, request):
-        return web.Response(status=200 if self.dp.server_ready() else 400)
+        return Response(200 if self.dp.server_ready() else 400)
 
     async def server_metadata(self, request):
         return _json(self.dp.server_metadata())
@@ -113,8 +71,8 @@ class HttpRoutes:
 
     async def model_ready(self, request):
         if await self.dp.model_ready(request.match_info["model"], _version(request)):
-            return web.Response(status=200)
-        return _error(400, "Model version not ready")
+            return Response(200)
+        return error_response(400, "Model version not ready")
 
     async def model_config(self, request):
         _, config_json = self.dp.model_config(request.match_info["model"], _version(request))
@@ -128,19 +86,19 @@ class HttpRoutes:
     async def log_settings(self, request):
         """GET: the log settings; POST: change the ones the body names, then the same."""
         if request.method == "POST":
-            changes = await _json_body(request)
+            changes = _json_body(request)
             # Triton skips a setting whose value is null.
             return _json(self.dp.update_log_settings(
                 {k: v for k, v in changes.items() if v is not None}))
         return _json(self.dp.log_settings())
 
     async def repository_index(self, request):
-        ready = bool((await _json_body(request)).get("ready", False))
+        ready = bool(_json_body(request).get("ready", False))
         return _json(self.dp.repository_index(ready, request.match_info.get("repository", "")))
 
     async def repository_load(self, request):
         """`config`: a ModelConfig JSON string; `file:<version>/<name>`: base64 file content."""
-        params = (await _json_body(request)).get("parameters") or {}
+        params = _json_body(request).get("parameters") or {}
         config = params.get("config")
         files = {}
         for key, value in params.items():
@@ -152,19 +110,19 @@ class HttpRoutes:
                                       f"unable to decode base64 content of '{key}'") from None
         await self.dp.load_model(request.match_info["model"], config, files,
                                  request.match_info.get("repository", ""))
-        return web.Response(status=200)
+        return Response(200)
 
     async def repository_unload(self, request):
-        params = (await _json_body(request)).get("parameters") or {}
+        params = _json_body(request).get("parameters") or {}
         unload_dependents = params.get("unload_dependents", False)
         if not isinstance(unload_dependents, bool):
             raise ServerError(Code.INVALID_ARG, "Unable to parse 'unload_dependents': "
                                                 "expected a boolean")
         await self.dp.unload_model(request.match_info["model"], unload_dependents,
                                    request.match_info.get("repository", ""))
-        return web.Response(status=200)
+        return Response(200)
 
-    async def infer(self, request: web.Request):
+    async def infer(self, request: Request):
         header = request.headers.get(HEADER_LENGTH)
         header_length = None
         if header is not None:
@@ -173,8 +131,8 @@ class HttpRoutes:
                 raise ServerError(Code.INVALID_ARG,
                                   f"Unable to parse {HEADER_LENGTH}, got: {header}")
             header_length = int(header)
-        body = await request.read()
-        encoding = request.headers.get("Content-Encoding")
+        body = request.body
+        encoding = request.headers.get("content-encoding")
         if encoding and encoding.lower() != "identity":
             body = await _off_loop(compression.decompress, body, encoding, self.max_input_size)
         if header_length == 0:  # the body is the bytes of the model's only input
@@ -194,19 +152,18 @@ class HttpRoutes:
             payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             response.done()
-        resp = web.Response(content_type=content_type)
-        accept = request.headers.get("Accept-Encoding")
+        headers = {"Content-Type": content_type}
+        accept = request.headers.get("accept-encoding")
         chosen = compression.choose(accept) if accept else None
         if chosen:
             payload = await _off_loop(compression.compress, payload, chosen)
-            resp.headers["Content-Encoding"] = chosen
-        resp.body = payload
+            headers["Content-Encoding"] = chosen
         if out_header is not None:
-            resp.headers[HEADER_LENGTH] = str(out_header)
-        return resp
+            headers["Inference-Header-Content-Length"] = str(out_header)
+        return Response(200, payload, headers=headers)
 
 
-    async def generate(self, request: web.Request):
+    async def generate(self, request: Request):
         """Exactly one response, as one JSON object."""
         infer_request = await self._generate_request(request)
         payload = None
@@ -226,9 +183,9 @@ class HttpRoutes:
                     item.response.done()
         if payload is None:
             raise ServerError(Code.INTERNAL, "the model sent no response")
-        return web.Response(body=payload, content_type="application/json")
+        return Response(200, payload, "application/json")
 
-    async def generate_stream(self, request: web.Request):
+    async def generate_stream(self, request: Request):
         """Server-sent events, one per response. The first response fixes the HTTP status;
         an error after it arrives as an `error` event."""
         self.dp.stream_opened()
@@ -237,7 +194,7 @@ class HttpRoutes:
         finally:
             self.dp.stream_closed()
 
-    async def _event_stream(self, request: web.Request):
+    async def _event_stream(self, request: Request):
         infer_request = await self._generate_request(request)
         stream = None
         async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
@@ -246,8 +203,7 @@ class HttpRoutes:
                     if stream is None:
                         if item.error is not None:
                             raise item.error
-                        stream = web.StreamResponse(headers=SSE_HEADERS)
-                        await stream.prepare(request)
+                        stream = request.stream(SSE_HEADERS)
                     if item.error is not None:
                         await stream.write(generate.sse_error(item.error.message))
                     elif item.response is not None:
@@ -261,20 +217,20 @@ class HttpRoutes:
                 if stream is None:
                     raise
                 await stream.write(generate.sse_error(exc.message))
-        await stream.write_eof()
-        return stream
+        await stream.end()
+        return None
 
-    async def _generate_request(self, request: web.Request):
+    async def _generate_request(self, request: Request):
         name = request.match_info["model"]
         version = _version(request)
-        body = await request.read()
+        body = request.body
         return generate.decode_generate_request(body, name, version,
                                                 self.dp.signature(name, version))
 
 
-async def _json_body(request: web.Request) -> dict:
+def _json_body(request: Request) -> dict:
     """The request's JSON object; {} for an empty body."""
-    body = await request.read()
+    body = request.body
     if not body:
         return {}
     try:
@@ -288,42 +244,44 @@ async def _json_body(request: web.Request) -> dict:
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
-RUNNER_OPTIONS = {
-    # aiohttp would inflate compressed bodies itself, without our bound on the inflated size.
-    "auto_decompress": False,
-    # A client that goes away cancels its request (queued or streaming) at once.
-    "handler_cancellation": True,
-}
-
-
-def build_app(dataplane: DataPlane, max_input_size: int,
-              max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION) -> web.Application:
-    middlewares = [_errors]
-    if max_inflight_per_connection < AIOHTTP_PIPELINE_BOUND:  # else aiohttp's bound comes first
-        middlewares.append(_pipelining_cap(max_inflight_per_connection))
-    app = web.Application(middlewares=middlewares, client_max_size=max_input_size)
+def build_server(dataplane: DataPlane, max_input_size: int,
+                 max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION) -> HttpServer:
+    router = Router()
     r = HttpRoutes(dataplane, max_input_size)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
-    # The router tries a path's routes in the order they were added: inference first.
     for prefix in (m, mv):
-        app.router.add_post(prefix + "/infer", r.infer)
-    app.router.add_get("/v2", r.server_metadata)
-    app.router.add_get("/v2/health/live", r.live)
-    app.router.add_get("/v2/health/ready", r.ready)
-    app.router.add_get("/v2/models/stats", r.model_stats)
-    app.router.add_get("/v2/logging", r.log_settings)
-    app.router.add_post("/v2/logging", r.log_settings)
+        router.add("POST", prefix + "/infer", r.infer)
+    router.add("GET", "/v2", r.server_metadata)
+    router.add("GET", "/v2/health/live", r.live)
+    router.add("GET", "/v2/health/ready", r.ready)
+    router.add("GET", "/v2/models/stats", r.model_stats)
+    router.add("GET", "/v2/logging", r.log_settings)
+    router.add("POST", "/v2/logging", r.log_settings)
     for repository in ("/v2/repository", "/v2/repository/{repository}"):
-        app.router.add_post(repository + "/index", r.repository_index)
-        app.router.add_post(repository + "/models/{model}/load", r.repository_load)
-        app.router.add_post(repository + "/models/{model}/unload", r.repository_unload)
+        router.add("POST", repository + "/index", r.repository_index)
+        router.add("POST", repository + "/models/{model}/load", r.repository_load)
+        router.add("POST", repository + "/models/{model}/unload", r.repository_unload)
     for prefix in (m, mv):
-        app.router.add_get(prefix, r.model_metadata)
-        app.router.add_get(prefix + "/ready", r.model_ready)
-        app.router.add_get(prefix + "/config", r.model_config)
-        app.router.add_get(prefix + "/stats", r.model_stats)
-        app.router.add_post(prefix + "/generate", r.generate)
-        app.router.add_post(prefix + "/generate_stream", r.generate_stream)
-    shared_memory.add_routes(app, dataplane.shared_memory)
-    return app
+        router.add("GET", prefix, r.model_metadata)
+        router.add("GET", prefix + "/ready", r.model_ready)
+        router.add("GET", prefix + "/config", r.model_config)
+        router.add("GET", prefix + "/stats", r.model_stats)
+        router.add("POST", prefix + "/generate", r.generate)
+        router.add("POST", prefix + "/generate_stream", r.generate_stream)
+    shared_memory.add_routes(router, dataplane.shared_memory)
+
+    async def handle(request: Request) -> Response | None:
+        try:
+            handler, request.match_info = router.resolve(request.method, request.path)
+            return await handler(request)
+        except ServerError as exc:
+            return error_response(STATUS.get(exc.code, 400), exc.message)
+        except NotFound:
+            return error_response(404, "Not Found")
+        except MethodNotAllowed:
+            return error_response(405, "Method Not Allowed")
+
+    return HttpServer(handle, max_input_size, max_inflight_per_connection, busy_message=(
+        f"the connection has more than {max_inflight_per_connection} requests in flight, the "
+        f"most it allows (--max-inflight-per-connection): retry later"))

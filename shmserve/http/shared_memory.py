@@ -4,10 +4,11 @@ Transport only: bodies are decoded here and handed to the SharedMemoryManager.
 """
 
 import orjson
-from aiohttp import web
 
 from shmserve.errors import invalid_arg
 from shmserve.http.codec import json_object
+from shmserve.http.http1 import Request, Response
+from shmserve.http.routing import Router
 from shmserve.shared_memory import SharedMemoryManager, decode_raw_handle
 
 
@@ -15,42 +16,42 @@ class SharedMemoryRoutes:
     def __init__(self, manager: SharedMemoryManager):
         self.manager = manager
 
-    async def system_status(self, request: web.Request):
+    async def system_status(self, request: Request):
         return _json(self.manager.system_status(_region(request)))
 
-    async def system_register(self, request: web.Request):
-        doc = json_object(await request.read())
+    async def system_register(self, request: Request):
+        doc = json_object(request.body)
         self.manager.register_system(_region(request), _field(doc, "key", str),
                                      _field(doc, "offset", int, 0), _field(doc, "byte_size", int))
-        return web.Response()
+        return Response()
 
-    async def system_register_unnamed(self, request: web.Request):
+    async def system_register_unnamed(self, request: Request):
         raise invalid_arg("'region name' is necessary to register system shared memory region")
 
-    async def cuda_register_unnamed(self, request: web.Request):
+    async def cuda_register_unnamed(self, request: Request):
         raise invalid_arg("'region name' is necessary to register cuda shared memory region")
 
-    async def system_unregister(self, request: web.Request):
+    async def system_unregister(self, request: Request):
         self.manager.unregister_system(_region(request))
-        return web.Response()
+        return Response()
 
-    async def cuda_status(self, request: web.Request):
+    async def cuda_status(self, request: Request):
         return _json(self.manager.cuda_status(_region(request)))
 
-    async def cuda_register(self, request: web.Request):
-        doc = json_object(await request.read())
+    async def cuda_register(self, request: Request):
+        doc = json_object(request.body)
         handle = _field(doc, "raw_handle", dict)
         raw = decode_raw_handle(_field(handle, "b64", str))
         self.manager.register_cuda(_region(request), raw, _field(doc, "device_id", int),
                                    _field(doc, "byte_size", int))
-        return web.Response()
+        return Response()
 
-    async def cuda_unregister(self, request: web.Request):
+    async def cuda_unregister(self, request: Request):
         self.manager.unregister_cuda(_region(request))
-        return web.Response()
+        return Response()
 
 
-def add_routes(app: web.Application, manager: SharedMemoryManager) -> None:
+def add_routes(router: Router, manager: SharedMemoryManager) -> None:
     r = SharedMemoryRoutes(manager)
     for kind, status, register, unnamed, unregister in (
             ("system", r.system_status, r.system_register, r.system_register_unnamed,
@@ -59,15 +60,15 @@ def add_routes(app: web.Application, manager: SharedMemoryManager) -> None:
              r.cuda_unregister)):
         base = f"/v2/{kind}sharedmemory"
         region = base + "/region/{region}"
-        app.router.add_get(base + "/status", status)
-        app.router.add_get(region + "/status", status)
-        app.router.add_post(region + "/register", register)
-        app.router.add_post(base + "/register", unnamed)
-        app.router.add_post(base + "/unregister", unregister)
-        app.router.add_post(region + "/unregister", unregister)
+        router.add("GET", base + "/status", status)
+        router.add("GET", region + "/status", status)
+        router.add("POST", region + "/register", register)
+        router.add("POST", base + "/register", unnamed)
+        router.add("POST", base + "/unregister", unregister)
+        router.add("POST", region + "/unregister", unregister)
 
 
-def _region(request: web.Request) -> str:
+def _region(request: Request) -> str:
     return request.match_info.get("region", "")
 
 
@@ -86,5 +87,5 @@ def _field(doc: dict, name: str, kind: type, default=_MISSING):
     return value
 
 
-def _json(obj) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+def _json(obj) -> Response:
+    return Response(200, orjson.dumps(obj), "application/json")

@@ -7,12 +7,11 @@ import types
 from types import SimpleNamespace
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
-                              Throttled, build_metrics_app)
+                              Throttled, build_metrics_server)
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
 
 MS = 1_000_000  # ns
@@ -224,21 +223,31 @@ def test_throttled_reads_at_most_once_per_interval(monkeypatch):
     assert inner.reads == 2
 
 
-def serve_and_scrape(app) -> str:
+def serve_and_scrape(server) -> str:
+    """GET /metrics from the metrics server on a free port, then stop it."""
     async def main():
-        async with TestClient(TestServer(app)) as client:
-            resp = await client.get("/metrics")
-            return await resp.text()
+        await server.start("127.0.0.1", 0)
+        try:
+            port = server.port
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = await reader.read()
+            writer.close()
+        finally:
+            await server.stop(grace=1.0)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        return body.decode()
     return asyncio.run(main())
 
 
 def test_endpoint_flags(install_nvml):
     nvml = install_nvml(fake_nvml([gpu("GPU-aaaa")]))
-    text = serve_and_scrape(build_metrics_app(FakeRegistry(model())))
+    text = serve_and_scrape(build_metrics_server(FakeRegistry(model())))
     assert "nv_cpu_utilization" in text and 'nv_gpu_utilization{gpu_uuid="GPU-aaaa"}' in text
-    assert nvml.calls[-1] == "nvmlShutdown"  # on the app's cleanup
+    assert nvml.calls[-1] == "nvmlShutdown"  # when the server stops
     nvml.calls.clear()
-    text = serve_and_scrape(build_metrics_app(FakeRegistry(model()), allow_cpu_metrics=False,
+    text = serve_and_scrape(build_metrics_server(FakeRegistry(model()), allow_cpu_metrics=False,
                                               allow_gpu_metrics=False))
     assert "nv_cpu_" not in text and "nv_gpu_" not in text and not nvml.calls
     assert 'nv_inference_request_success{model="m",version="1"}' in text

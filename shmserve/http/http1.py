@@ -1,0 +1,447 @@
+"""HTTP/1.1 server side for the REST and metrics endpoints: httptools (Node's llhttp parser)
+reads requests, and the event loop's own protocol callbacks drive everything else
+(keep-alive, pipelining in order, Expect: 100-continue, size limits, timeouts, chunked
+responses for event streams).
+
+Why not aiohttp, which served here before: on the 2-core reference machine it costs about
+40 µs of CPU per request before a handler runs (perf/transport_floor.py), most of it
+building request objects, header multidicts and a task chain this server never uses; the
+same echo on httptools costs 16 µs. The front is one CPU-bound thread, so that difference is
+HTTP throughput. Parsing HTTP is the part to leave to a library; the rest is small.
+"""
+
+import asyncio
+import http
+import logging
+from collections import deque
+
+import httptools
+import orjson
+
+log = logging.getLogger("shmserve.http")
+
+# The request line and headers together: more is refused (431) before anything is built.
+MAX_HEAD_BYTES = 64 * 1024
+# A request's head must arrive within this many seconds of its first byte, the whole request
+# within REQUEST_TIMEOUT_S, and an idle connection (nothing in flight) is closed after
+# KEEPALIVE_TIMEOUT_S: a client that trickles bytes cannot hold a connection for ever.
+HEADERS_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 300.0
+KEEPALIVE_TIMEOUT_S = 75.0
+_SWEEP_INTERVAL_S = 1.0
+# After refusing a request whose body it will not read, the connection reads and drops what
+# the client still sends for this long before closing: a client that writes its whole body
+# before reading gets the refusal instead of a reset.
+LINGER_S = 5.0
+
+_LARGE_BODY = 64 * 1024  # written after the head instead of joined with it
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
+                 for s in http.HTTPStatus}
+
+
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status
+
+
+class Request:
+    """A complete request: its body is read before the handler runs. Header names are
+    lower case; repeated headers are joined with ", "."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "match_info", "_conn",
+                 "_stream")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict, body: bytes,
+                 conn: "_Connection"):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.match_info: dict = {}
+        self._conn = conn
+        self._stream: "ChunkedStream | None" = None
+
+    def stream(self, headers: dict, status: int = 200) -> "ChunkedStream":
+        """Start a response whose body follows in chunks (server-sent events)."""
+        self._stream = ChunkedStream(self._conn, status, headers, self.method == "HEAD")
+        return self._stream
+
+
+class Response:
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int = 200, body=b"", content_type: str | None = None,
+                 headers: dict | None = None):
+        self.status = status
+        self.body = body
+        self.headers = headers if headers is not None else {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+
+def error_response(status: int, message: str) -> Response:
+    """Triton's error body, {"error": message}."""
+    return Response(status, orjson.dumps({"error": message}), "application/json")
+
+
+class ChunkedStream:
+    """A response body written as it is produced (Transfer-Encoding: chunked); a writer
+    waits while the client is not reading."""
+
+    def __init__(self, conn: "_Connection", status: int, headers: dict, head_only: bool):
+        self._conn = conn
+        self._head_only = head_only
+        self.ended = False
+        fields = dict(headers)
+        fields["Transfer-Encoding"] = "chunked"
+        conn.write_head(status, fields)
+
+    async def write(self, data: bytes) -> None:
+        if self._head_only or not data:
+            return
+        conn = self._conn
+        if conn.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        conn.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        await conn.drain()
+
+    async def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            if not self._head_only and not self._conn.transport.is_closing():
+                self._conn.transport.write(b"0\r\n\r\n")
+
+
+# A connection's phase, for the timeouts.
+_IDLE, _HEAD, _BODY, _SERVING = range(4)
+
+
+class _Refusal:
+    """A request refused while it was read; answered in its turn, then the connection
+    closes (its remaining bytes cannot be trusted to frame a next request)."""
+
+    __slots__ = ("response",)
+
+    def __init__(self, response: Response):
+        self.response = response
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: "HttpServer"):
+        self.server = server
+        self.loop = server.loop
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending: deque = deque()  # requests read and not yet served, in order
+        self.task: asyncio.Task | None = None
+        self.phase = _IDLE
+        self.since = self.loop.time()  # when the phase began
+        self.refused = False  # stop parsing: the rest is dropped
+        self.closing = False  # close once what is pending is answered
+        self.reading_paused = False
+        self._drained: asyncio.Future | None = None
+        # The request being read.
+        self._url = b""
+        self._headers: dict = {}
+        self._head_bytes = 0
+        self._body: list = []
+        self._body_bytes = 0
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # What follows the request is another protocol: the request is answered as if
+            # it had not asked to upgrade, then the connection closes.
+            self.refused = True
+            self.closing = True
+        except httptools.HttpParserError as exc:
+            if not self.refused:
+                self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
+        self._serve_next()
+
+    def eof_received(self) -> bool:
+        # The client's end of input closes the connection and cancels its requests: a
+        # half-closed socket looks the same as a client that went away, and the work of a
+        # client that went away must stop at once.
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+        self.pending.clear()
+        if self.task is not None:
+            self.task.cancel()  # a client that went away cancels its request
+        self.server.check_idle()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drained is None or self._drained.done():
+            self._drained = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            await self._drained
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.phase = _HEAD
+        self.since = self.loop.time()
+        self._url = b""
+        self._headers = {}
+        self._head_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        known = self._headers.get(key)
+        self._headers[key] = text if known is None else known + ", " + text
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(error_response(
+                431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"))
+            raise httptools.HttpParserError("head too large")  # stops the parser
+
+    def on_headers_complete(self) -> None:
+        self.phase = _BODY
+        length = self._headers.get("content-length")
+        limit = self.server.max_input_size
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._refuse(error_response(400, _too_large(limit)))
+            raise httptools.HttpParserError("body too large")
+        if self._headers.get("expect", "").lower() == "100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.server.max_input_size:
+            self._refuse(error_response(400, _too_large(self.server.max_input_size)))
+            raise httptools.HttpParserError("body too large")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body = self._body
+        url = self._url
+        if b"?" in url or b"#" in url:
+            parsed = httptools.parse_url(url)
+            path, query = parsed.path, parsed.query or b""
+        else:
+            path, query = url, b""
+        request = Request(self.parser.get_method().decode("ascii"),
+                          path.decode("latin-1"), query.decode("latin-1"), self._headers,
+                          body[0] if len(body) == 1 else b"".join(body), self)
+        if not self.parser.should_keep_alive():
+            self.closing = True
+        self.pending.append(request)
+        self.phase = _SERVING
+        if len(self.pending) > self.server.max_inflight and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _refuse(self, response: Response) -> None:
+        self.refused = True
+        self.pending.append(_Refusal(response))
+        self.phase = _SERVING
+
+    # Serving, one request at a time so that answers leave in request order.
+    def _serve_next(self) -> None:
+        while self.task is None and self.pending:
+            item = self.pending.popleft()
+            if type(item) is _Refusal:
+                self._answer_refusal(item.response)
+                return
+            if len(self.pending) >= self.server.max_inflight:
+                # A client that floods one connection is told, not queued without bound.
+                self.write_response(item, error_response(503, self.server.busy_message))
+                continue
+            self.task = self.loop.create_task(self._serve(item))
+        if self.task is None and not self.pending:
+            if self.closing or self.server.stopping:
+                self.transport.close()
+            elif self.phase == _SERVING:  # not when the next request is half read
+                self.phase = _IDLE
+                self.since = self.loop.time()
+        if self.reading_paused and len(self.pending) <= self.server.max_inflight // 2:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    async def _serve(self, request: Request) -> None:
+        try:
+            try:
+                response = await self.server.handle(request)
+            except Exception as exc:
+                if self.transport.is_closing():
+                    return  # the client left while its answer was written
+                log.exception("HTTP handler failed: %s", exc)
+                response = error_response(500, f"internal error: {exc}")
+            stream = request._stream
+            if stream is not None:
+                await stream.end()
+            elif response is not None:
+                self.write_response(request, response)
+            else:
+                self.write_response(request, error_response(500, "the handler sent nothing"))
+            await self.drain()
+        finally:
+            self.task = None
+            self.server.check_idle()
+        if not self.transport.is_closing():
+            self._serve_next()
+
+    # Writing
+    def _head(self, status: int, headers: dict, length: int | None) -> bytes:
+        parts = [_status_line(status)]
+        for name, value in headers.items():
+            parts.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+        if length is not None:
+            parts.append(b"Content-Length: %d\r\n" % length)
+        if self.closing or self.server.stopping:
+            parts.append(b"Connection: close\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def write_head(self, status: int, headers: dict) -> None:
+        self.transport.write(self._head(status, headers, None))
+
+    def write_response(self, request: Request | None, response: Response) -> None:
+        if self.transport.is_closing():
+            return
+        body = response.body
+        head = self._head(response.status, response.headers, len(body))
+        if request is not None and request.method == "HEAD":
+            self.transport.write(head)
+        elif len(body) >= _LARGE_BODY:
+            self.transport.writelines((head, body))
+        else:  # one write: the usual answer is a few hundred bytes
+            self.transport.write(head + body)
+
+    def _answer_refusal(self, response: Response) -> None:
+        self.closing = True
+        if self.transport.is_closing():
+            return
+        self.write_response(None, response)
+        # The client sees the end of the answer at once; what it still sends is read and
+        # dropped for a while, then the connection closes.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)
+        self.phase = _IDLE
+        self.since = self.loop.time()
+
+    def check_timeouts(self, now: float) -> None:
+        phase = self.phase
+        if phase == _HEAD and now - self.since > HEADERS_TIMEOUT_S:
+            self._time_out("the request headers")
+        elif phase == _BODY and now - self.since > REQUEST_TIMEOUT_S:
+            self._time_out("the request")
+        elif phase == _IDLE and now - self.since > KEEPALIVE_TIMEOUT_S:
+            self.transport.close()
+
+    def _time_out(self, what: str) -> None:
+        limit = HEADERS_TIMEOUT_S if what == "the request headers" else REQUEST_TIMEOUT_S
+        self.refused = True
+        self.pending.clear()
+        if self.task is None:
+            self.closing = True
+            self.write_response(None, error_response(
+                408, f"{what} did not arrive within {limit:g} s"))
+        self.transport.close()
+
+
+def _too_large(limit: int) -> str:
+    # 400 as Triton answers it (its INVALID_ARG), with the limit's flag named.
+    return (f"request body exceeds the maximum input size (--http-max-input-size) of "
+            f"{limit} bytes")
+
+
+class HttpServer:
+    """Serves `handle` (async: Request -> Response, or None after `request.stream()`) on
+    one TCP address. At most `max_inflight` requests of one connection are read ahead of
+    the one being served; one more is answered 503 with `busy_message`."""
+
+    def __init__(self, handle, max_input_size: int, max_inflight: int = 64,
+                 busy_message: str = "too many requests in flight on this connection",
+                 on_stop=None):
+        self.handle = handle
+        self.on_stop = on_stop
+        self.max_input_size = max_input_size
+        self.max_inflight = max(1, max_inflight)
+        self.busy_message = busy_message
+        self.connections: set = set()
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._idle: asyncio.Event | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: _Connection(self), host, port,
+                                                     reuse_address=True, backlog=1024)
+        self._sweeper = self.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful after starting on port 0)."""
+        return self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for conn in list(self.connections):
+            conn.check_timeouts(now)
+        self._sweeper = self.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    def check_idle(self) -> None:
+        if self._idle is not None and not any(c.task for c in self.connections):
+            self._idle.set()
+
+    async def stop(self, grace: float) -> None:
+        """No new connections or requests; requests being served get `grace` seconds to
+        finish, then they are cancelled and every connection is closed."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self.connections):
+            conn.pending.clear()
+            if conn.task is None:
+                conn.transport.close()
+        self._idle = asyncio.Event()
+        self.check_idle()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except asyncio.TimeoutError:
+            pass
+        for conn in list(self.connections):
+            if conn.task is not None:
+                conn.task.cancel()
+            conn.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        if self.on_stop is not None:
+            self.on_stop()

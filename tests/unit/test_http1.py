@@ -1,0 +1,480 @@
+"""The HTTP/1.1 server side (shmserve/http/http1.py) and its router, on real sockets with
+hand-written requests: keep-alive, pipelining order, chunked bodies both ways, limits,
+timeouts, disconnects and shutdown."""
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shmserve.http import http1
+from shmserve.http.http1 import HttpServer, Response, error_response
+from shmserve.http.routing import MethodNotAllowed, NotFound, Router
+
+WAIT_S = 5.0
+
+
+async def echo(request):
+    """Answers with what it saw of the request."""
+    return Response(200, json.dumps({
+        "method": request.method, "path": request.path, "query": request.query,
+        "headers": request.headers, "body": request.body.decode("latin-1")}).encode(),
+        "application/json")
+
+
+@contextlib.asynccontextmanager
+async def serving(handle=echo, **options):
+    server = HttpServer(handle, options.pop("max_input_size", 1 << 20), **options)
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop(grace=1.0)
+
+
+async def connect(server):
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def read_response(reader) -> tuple:
+    """(status, headers, body) of the next response; a chunked body is decoded."""
+    line = await asyncio.wait_for(reader.readline(), WAIT_S)
+    assert line.startswith(b"HTTP/1.1 "), line
+    status = int(line.split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += chunk[:-2]
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", 0)))
+    return status, headers, body
+
+
+async def closed(reader) -> bool:
+    """True when the server closes the connection within WAIT_S."""
+    try:
+        return await asyncio.wait_for(reader.read(), WAIT_S) == b""
+    except ConnectionResetError:
+        return True
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+            .encode() + body)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_keep_alive_serves_requests_on_one_connection():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            for i in range(3):
+                writer.write(post(f"/p/{i}?q=1", b"body%d" % i))
+                status, headers, body = await read_response(reader)
+                seen = json.loads(body)
+                assert status == 200 and "connection" not in headers
+                assert (seen["method"], seen["path"], seen["query"], seen["body"]) == \
+                    ("POST", f"/p/{i}", "q=1", f"body{i}")
+                assert seen["headers"]["host"] == "x"
+            writer.close()
+    run(main())
+
+
+def test_pipelined_requests_are_answered_in_request_order():
+    async def handle(request):
+        await asyncio.sleep(0.05 * (5 - int(request.body)))  # later ones finish sooner
+        return Response(200, request.body)
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"".join(post("/", b"%d" % i) for i in range(5)))
+            answers = [(await read_response(reader))[2] for _ in range(5)]
+            assert answers == [b"0", b"1", b"2", b"3", b"4"]
+            writer.close()
+    run(main())
+
+
+@pytest.mark.parametrize("request_head", [
+    b"GET / HTTP/1.0\r\n\r\n",
+    b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+])
+def test_a_connection_that_does_not_keep_alive_is_closed_after_its_answer(request_head):
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(request_head)
+            status, headers, _ = await read_response(reader)
+            assert status == 200 and headers["connection"] == "close"
+            assert await closed(reader)
+    run(main())
+
+
+def test_a_chunked_request_body_reaches_the_handler_whole():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["body"] == "abcdefg"
+            writer.close()
+    run(main())
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"data")
+            status, _, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["body"] == "data"
+            writer.close()
+    run(main())
+
+
+def test_a_head_request_gets_the_get_answers_headers_only():
+    router = Router()
+    router.add("GET", "/thing", echo)
+
+    async def handle(request):
+        handler, request.match_info = router.resolve(request.method, request.path)
+        return await handler(request)
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"HEAD /thing HTTP/1.1\r\n\r\nGET /thing HTTP/1.1\r\n\r\n")
+            line = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+            assert line.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Length: " in line
+            status, _, body = await read_response(reader)  # the GET's, right after
+            assert status == 200 and json.loads(body)["method"] == "GET"
+            writer.close()
+    run(main())
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_refused_and_the_server_goes_on(chunked):
+    async def main():
+        async with serving(max_input_size=1000) as server:
+            reader, writer = await connect(server)
+            if chunked:
+                writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + b"400\r\n" + b"x" * 1024 + b"\r\n")
+            else:
+                writer.write(b"POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n")
+            status, headers, body = await read_response(reader)
+            assert status == 400 and headers["connection"] == "close"
+            assert "--http-max-input-size" in json.loads(body)["error"]
+            writer.write(b"y" * 5000)  # the rest of the body is read and dropped
+            writer.close()
+            reader, writer = await connect(server)
+            writer.write(post("/", b"z" * 1000))
+            assert (await read_response(reader))[0] == 200
+            writer.close()
+    run(main())
+
+
+def test_a_head_over_the_limit_gets_431():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (http1.MAX_HEAD_BYTES + 1)
+                         + b"\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 431 and "headers exceed" in json.loads(body)["error"]
+            assert await closed(reader)
+    run(main())
+
+
+@pytest.mark.parametrize("garbage", [
+    b"NOT HTTP AT ALL\r\n\r\n",
+    b"GET / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+])
+def test_a_malformed_request_gets_400_and_the_connection_closes(garbage):
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(garbage)
+            status, _, body = await read_response(reader)
+            assert status == 400 and "malformed HTTP request" in json.loads(body)["error"]
+            assert await closed(reader)
+    run(main())
+
+
+def test_an_upgrade_request_is_answered_plainly_then_the_connection_closes():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+                         b"\x81\x00")
+            assert (await read_response(reader))[0] == 200
+            assert await closed(reader)
+    run(main())
+
+
+def test_a_handler_that_raises_gets_500_and_the_connection_goes_on():
+    async def handle(request):
+        if request.path == "/boom":
+            raise ValueError("boom")
+        return Response(200, b"fine")
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET /boom HTTP/1.1\r\n\r\nGET /ok HTTP/1.1\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 500 and "boom" in json.loads(body)["error"]
+            status, _, body = await read_response(reader)
+            assert (status, body) == (200, b"fine")
+            writer.close()
+    run(main())
+
+
+def test_a_client_that_leaves_cancels_its_request():
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handle(request):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            await asyncio.wait_for(started.wait(), WAIT_S)
+            writer.close()
+            await asyncio.wait_for(cancelled.wait(), WAIT_S)
+    run(main())
+
+
+def test_a_stream_sends_chunks_as_they_are_written():
+    async def handle(request):
+        stream = request.stream({"Content-Type": "text/event-stream"})
+        for i in range(3):
+            await stream.write(b"data: %d\n\n" % i)
+        await stream.end()
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+            for _ in range(2):  # the connection stays usable after a stream
+                status, headers, body = await read_response(reader)
+                assert status == 200 and headers["content-type"] == "text/event-stream"
+                assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+            writer.close()
+    run(main())
+
+
+def test_a_stream_writer_waits_for_a_client_that_does_not_read():
+    written = []
+
+    async def handle(request):
+        stream = request.stream({})
+        for _ in range(256):
+            await stream.write(b"x" * (1 << 20))
+            written.append(1)
+        await stream.end()
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            await asyncio.sleep(1.0)
+            # Socket buffers hold a few MiB at most; the writer stopped long before 256.
+            assert len(written) < 64, len(written)
+            writer.close()
+    run(main())
+
+
+@pytest.fixture
+def short_timeouts(monkeypatch):
+    monkeypatch.setattr(http1, "_SWEEP_INTERVAL_S", 0.05)
+    for name in ("HEADERS_TIMEOUT_S", "REQUEST_TIMEOUT_S", "KEEPALIVE_TIMEOUT_S"):
+        monkeypatch.setattr(http1, name, 0.3)
+
+
+@pytest.mark.parametrize("sent", [b"GET / HTTP/1.1\r\nX-Slow: ",
+                                  b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"])
+def test_a_request_that_trickles_in_past_its_timeout_gets_408(short_timeouts, sent):
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(sent)
+            status, _, body = await read_response(reader)
+            assert status == 408 and "did not arrive within 0.3 s" in json.loads(body)["error"]
+            assert await closed(reader)
+
+    run(main())
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(short_timeouts):
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            assert (await read_response(reader))[0] == 200
+            assert await closed(reader)
+            assert not server.connections
+
+    run(main())
+
+
+def test_requests_pipelined_beyond_the_cap_get_503():
+    async def handle(request):
+        await asyncio.sleep(0.01)
+        return Response(200, b"ok")
+
+    async def main():
+        async with serving(handle, max_inflight=2, busy_message="busy, retry") as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n" * 8)
+            answers = [await read_response(reader) for _ in range(8)]
+            statuses = [status for status, _, _ in answers]
+            assert set(statuses) == {200, 503} and statuses[-1] == 200, statuses
+            assert all(json.loads(body)["error"] == "busy, retry"
+                       for status, _, body in answers if status == 503)
+            writer.close()
+    run(main())
+
+
+def test_stop_lets_requests_finish_within_the_grace_and_closes_connections():
+    async def handle(request):
+        await asyncio.sleep(float(request.body))
+        return Response(200, b"done")
+
+    async def main():
+        server = HttpServer(handle, 1 << 20)
+        await server.start("127.0.0.1", 0)
+        idle_reader, _ = await connect(server)
+        short_reader, short_writer = await connect(server)
+        long_reader, long_writer = await connect(server)
+        short_writer.write(post("/", b"0.2"))
+        long_writer.write(post("/", b"60"))
+        await asyncio.sleep(0.1)
+        await server.stop(grace=1.0)
+        status, headers, body = await read_response(short_reader)
+        assert (status, body, headers["connection"]) == (200, b"done", "close")
+        for reader in (idle_reader, short_reader, long_reader):
+            assert await closed(reader)
+        assert not server.connections
+    run(main())
+
+
+# -- any bytes ---------------------------------------------------------------------------------
+
+class FakeTransport:
+    def __init__(self):
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data):
+        self.out += data
+
+    def writelines(self, chunks):
+        for chunk in chunks:
+            self.out += chunk
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def pause_reading(self):
+        pass
+
+    def can_write_eof(self):
+        return True
+
+    def write_eof(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([b"GET / HTTP/1.1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n",
+                     b"Transfer-Encoding: chunked\r\n", b"\r\n", b"0\r\n\r\n",
+                     b"Expect: 100-continue\r\n", b"Content-Length: 99999999999\r\n"])),
+    max_size=12))
+def test_any_bytes_get_answers_or_a_refusal_never_an_exception(pieces):
+    """Fed in pieces, any input leaves the connection answering, refusing with a status, or
+    waiting for more; every byte written back is a well-formed response head first."""
+    loop = asyncio.new_event_loop()
+    try:
+        server = HttpServer(echo, 1 << 16)
+        server.loop = loop
+        conn = http1._Connection(server)
+        transport = FakeTransport()
+        conn.connection_made(transport)
+        for piece in pieces:
+            conn.data_received(piece)
+            loop.run_until_complete(asyncio.sleep(0))
+        while conn.task is not None:
+            loop.run_until_complete(asyncio.sleep(0))
+        out = bytes(transport.out)
+        assert not out or out.startswith(b"HTTP/1.1 ")
+        if conn.refused and not transport.closed:
+            assert b" 400 " in out or b" 431 " in out or b" 200 " in out
+        conn.connection_lost(None)
+    finally:
+        loop.close()
+
+
+# -- routing -----------------------------------------------------------------------------------
+
+def test_routes_match_literals_names_and_patterns_in_the_order_added():
+    router = Router()
+    router.add("POST", "/v2/models/{model}/infer", "infer")
+    router.add("POST", "/v2/models/{model}/versions/{version:[0-9]+}/infer", "infer_version")
+    router.add("GET", "/v2/models/stats", "all_stats")
+    router.add("GET", "/v2/models/{model}", "metadata")
+    assert router.resolve("POST", "/v2/models/m/infer") == ("infer", {"model": "m"})
+    assert router.resolve("POST", "/v2/models/m/versions/3/infer") == \
+        ("infer_version", {"model": "m", "version": "3"})
+    assert router.resolve("GET", "/v2/models/stats") == ("all_stats", {})
+    assert router.resolve("GET", "/v2/models/a%20b") == ("metadata", {"model": "a b"})
+    assert router.resolve("HEAD", "/v2/models/m") == ("metadata", {"model": "m"})
+    with pytest.raises(NotFound):
+        router.resolve("POST", "/v2/models/m/versions/x/infer")  # not a version number
+    with pytest.raises(NotFound):
+        router.resolve("GET", "/v2/models//infer")  # an empty name is no name
+    with pytest.raises(MethodNotAllowed):
+        router.resolve("DELETE", "/v2/models/m/infer")
+    # Cached answers stay right, also after a route is added.
+    assert router.resolve("POST", "/v2/models/m/infer") == ("infer", {"model": "m"})
+    router.add("DELETE", "/v2/models/{model}/infer", "delete")
+    assert router.resolve("DELETE", "/v2/models/m/infer") == ("delete", {"model": "m"})
+
+
+def test_error_response_is_tritons_json_error():
+    response = error_response(404, "Not Found")
+    assert (response.status, json.loads(response.body)) == (404, {"error": "Not Found"})
+    assert response.headers == {"Content-Type": "application/json"}
