@@ -144,6 +144,8 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: dict = {}
         self._head_bytes = 0
+        self._begun = 0  # requests whose first byte was read
+        self._unfinished_head = 0
         self._body: list = []
         self._body_bytes = 0
 
@@ -155,8 +157,16 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return
+        begun = self._begun
+        in_head = self.phase == _HEAD
         try:
             self.parser.feed_data(data)
+            if in_head and self.phase == _HEAD and self._begun == begun:
+                # The parser keeps an unfinished header to itself: the chunks that leave a
+                # head unfinished are what bounds its memory.
+                self._unfinished_head += len(data)
+                if self._unfinished_head > MAX_HEAD_BYTES:
+                    self._refuse(_head_too_large())
         except httptools.HttpParserUpgrade:
             # What follows the request is another protocol: the request is answered as if
             # it had not asked to upgrade, then the connection closes.
@@ -196,6 +206,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        self._begun += 1
+        self._unfinished_head = 0
         self.phase = _HEAD
         self.since = self.loop.time()
         self._url = b""
@@ -206,21 +218,22 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_head(len(url))
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_refused()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_refused()
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
         known = self._headers.get(key)
+        text = value.decode("latin-1")
         self._headers[key] = text if known is None else known + ", " + text
 
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self._refuse(error_response(
-                431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"))
-            raise httptools.HttpParserError("head too large")  # stops the parser
+    def _head_refused(self) -> None:
+        self._refuse(_head_too_large())
+        raise httptools.HttpParserError("head too large")  # stops the parser
 
     def on_headers_complete(self) -> None:
         self.phase = _BODY
@@ -369,6 +382,10 @@ class _Connection(asyncio.Protocol):
             self.write_response(None, error_response(
                 408, f"{what} did not arrive within {limit:g} s"))
         self.transport.close()
+
+
+def _head_too_large() -> Response:
+    return error_response(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
 
 def _too_large(limit: int) -> str:

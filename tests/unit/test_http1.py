@@ -204,6 +204,21 @@ def test_a_head_over_the_limit_gets_431():
     run(main())
 
 
+def test_a_head_that_never_ends_is_refused_once_it_passes_the_limit():
+    """The parser holds an unfinished header value itself: it must not grow without end."""
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\nX-Endless: ")
+            for _ in range(4 * http1.MAX_HEAD_BYTES // 4096):  # never the blank line
+                writer.write(b"a" * 4096)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            status, _, body = await read_response(reader)
+            assert status == 431 and "headers exceed" in json.loads(body)["error"]
+    run(main())
+
+
 @pytest.mark.parametrize("garbage", [
     b"NOT HTTP AT ALL\r\n\r\n",
     b"GET / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
