@@ -21,6 +21,7 @@ from shmserve.ipc import shm
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
+from shmserve.server_calls import ServerCalls
 from shmserve.shared_memory import SharedMemoryManager
 
 log = logging.getLogger("shmserve")
@@ -90,6 +91,7 @@ class Server:
                                    max_queue_size_default=options.max_queue_size_default,
                                    max_open_streams=options.max_open_streams)
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
+        self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []
         self._grpc = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.

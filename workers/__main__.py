@@ -77,6 +77,12 @@ def main(argv: list) -> int:
     if not isinstance(init, messages.Init):
         return 2
     os.environ.setdefault("SHMSERVE_INSTANCE", init.instance_name)
+    # From here on the socket is read through the FrameReader: a model may call into the
+    # server (BLS) from initialize() on, and from any thread.
+    from workers import triton_python_backend_utils as pb_utils
+    from workers.server_calls import FrameReader
+    reader = FrameReader(channel)
+    pb_utils._set_server_calls(reader)
     state_arena = None
     try:
         if init.state_arena:
@@ -95,7 +101,7 @@ def main(argv: list) -> int:
         )
         runner.initialize()
         from workers.loop import WorkerLoop
-        loop = WorkerLoop(channel, runner, init)
+        loop = WorkerLoop(channel, reader, runner, init)
     except Exception as exc:  # reported to the front, which marks the model unavailable
         channel.send(messages.Ready(f"{type(exc).__name__}: {exc}"))
         return 1

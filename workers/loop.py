@@ -45,8 +45,10 @@ _POLL_MAX_S = 0.005
 
 
 class WorkerLoop:
-    def __init__(self, channel, runner, init: messages.Init):
+    def __init__(self, channel, reader, runner, init: messages.Init):
+        """`channel` sends; `reader` (server_calls.FrameReader) receives."""
         self._channel = channel
+        self._reader = reader
         self._runner = runner
         self._inline_threshold = init.inline_threshold
         self._input_arena = Segment.attach(init.input_arena)
@@ -64,7 +66,7 @@ class WorkerLoop:
         """Serve frames until Shutdown or until the front goes away."""
         try:
             while True:
-                msg = self._channel.recv()
+                msg = self._reader.next_frame()
                 if msg is None:
                     return  # the front is gone: nothing left to answer
                 if isinstance(msg, messages.Execute):

@@ -398,10 +398,6 @@ class InferenceResponseSender:
             return was_open
 
 
-def _bls_unsupported(what):
-    return TritonModelException(f"BLS ({what}) is not supported by shmserve yet")
-
-
 class InferenceRequest:
     def __init__(
         self,
@@ -513,10 +509,94 @@ class InferenceRequest:
         self._release_flags = flags
 
     def exec(self, decoupled=False):
-        raise _bls_unsupported("InferenceRequest.exec")
+        """Run this request on the server (BLS): its InferenceResponse (with the error, if
+        it failed), or with `decoupled=True` an iterator of the model's responses, the last
+        one empty when the model sent its final flag alone."""
+        replies = _server_call("infer", self._call_args(decoupled))
+        if decoupled:
+            return (_bls_response(reply) for reply in replies)
+        try:
+            return _bls_response(next(replies))
+        finally:
+            replies.close()
 
-    def async_exec(self, decoupled=False):
-        raise _bls_unsupported("InferenceRequest.async_exec")
+    async def async_exec(self, decoupled=False):
+        """exec() from an async execute(): awaits the answer without holding up the loop."""
+        import asyncio
+
+        response = await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+        if decoupled:  # the responses arrive as they come, read off the loop
+            return _AsyncResponses(response)
+        return response
+
+    def _call_args(self, decoupled: bool) -> dict:
+        inputs = []
+        for tensor in self._inputs:
+            array = tensor._array
+            if tensor._device_id is not None:
+                array = cuda.to_numpy(array)
+            if tensor._datatype == "BYTES":
+                data = datatypes.serialize_bytes(array.reshape(-1))
+            else:
+                data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+            inputs.append([tensor._name, tensor._datatype, list(array.shape), data])
+        return {"model": self._model_name, "version": int(self._model_version),
+                "id": self._request_id, "correlation_id": self._correlation_id,
+                "flags": int(self._flags), "timeout": int(self._timeout),
+                "parameters": self._parameters, "inputs": inputs,
+                "outputs": sorted(self._requested_output_names), "decoupled": bool(decoupled)}
+
+
+class _AsyncResponses:
+    """The responses of a decoupled async_exec, each awaited off the event loop."""
+
+    def __init__(self, responses):
+        self._responses = responses
+
+    def __iter__(self):
+        return self._responses
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        import asyncio
+
+        done = object()
+        item = await asyncio.get_running_loop().run_in_executor(
+            None, next, self._responses, done)
+        if item is done:
+            raise StopAsyncIteration
+        return item
+
+
+def _bls_response(reply) -> "InferenceResponse":
+    frame = reply.response
+    response = InferenceResponse()
+    if frame is None:  # the final flag alone
+        return response
+    if frame.error is not None:
+        code, message = frame.error
+        response._error = TritonError(message, _ErrorCode.__members__.get(code,
+                                                                          _ErrorCode.INTERNAL))
+        return response
+    response._output_tensors = [_bls_tensor(t) for t in frame.outputs]
+    response._parameters = frame.parameters or {}
+    return response
+
+
+def _bls_tensor(ref) -> "Tensor":
+    data = ref.location
+    if ref.datatype == "BYTES":
+        count = datatypes.element_count(ref.shape)
+        array = np.empty(count, dtype=np.object_)
+        array[:] = datatypes.deserialize_bytes(data, count)
+        array = array.reshape(ref.shape)
+    else:
+        # A copy the model may write to, as it may write to its own inputs.
+        array = np.frombuffer(bytearray(data), dtype=datatypes.numpy_dtype(ref.datatype))
+        array = array.reshape(ref.shape)
+    return Tensor._wrap(ref.name, array, ref.datatype)
 
 
 class InferenceResponse:
@@ -662,16 +742,50 @@ def _set_model_context(*, model_dir: str) -> None:
     _model_dir = model_dir
 
 
+_server_calls = None  # workers.server_calls.FrameReader of this worker
+
+
+def _set_server_calls(reader) -> None:
+    global _server_calls
+    _server_calls = reader
+
+
+def _server_call(kind: str, args: dict):
+    if _server_calls is None:
+        raise TritonModelException("calls into the server work only inside a shmserve worker")
+    return _server_calls.call(kind, args)
+
+
+def _control(kind: str, args: dict):
+    """A model-control call's answer; its error raised as TritonModelException."""
+    replies = _server_call(kind, args)
+    try:
+        reply = next(replies)
+    finally:
+        replies.close()
+    if reply.response is not None and reply.response.error is not None:
+        raise TritonModelException(reply.response.error[1])
+    return reply.value
+
+
 def load_model(model_name, config="", files=None):
-    raise TritonModelException("load_model is not supported by shmserve yet")
+    """Load (or reload) a model of the repository, as the repository load API does: `config`
+    a model configuration JSON string, `files` {"file:<version>/<name>": bytes}."""
+    files = dict(files or {})
+    for key, value in files.items():
+        if not isinstance(key, str) or not key.startswith("file:"):
+            raise TritonModelException(f"file keys must start with 'file:', got {key!r}")
+        if not isinstance(value, (bytes, bytearray)):
+            raise TritonModelException(f"the content of '{key}' must be bytes")
+    _control("load", {"model": model_name, "config": config or "", "files": files})
 
 
 def unload_model(model_name, unload_dependents=False):
-    raise TritonModelException("unload_model is not supported by shmserve yet")
+    _control("unload", {"model": model_name, "unload_dependents": bool(unload_dependents)})
 
 
 def is_model_ready(model_name, model_version=""):
-    raise TritonModelException("is_model_ready is not supported by shmserve yet")
+    return bool(_control("ready", {"model": model_name, "version": str(model_version)}))
 
 
 # --- logging ----------------------------------------------------------------------------------

@@ -117,13 +117,17 @@ class WorkerHandle:
     def __init__(self, *, model_name: str, model_version: int, model_dir: str,
                  model_repository: str, model_config: dict, instance_name: str,
                  instance_kind: str, device_id: int,
-                 on_exit: Optional[Callable[["WorkerHandle"], None]] = None):
+                 on_exit: Optional[Callable[["WorkerHandle"], None]] = None,
+                 on_server_call: Optional[Callable] = None):
+        """`on_server_call(handle, ServerCall)` serves the model's calls into the server
+        (BLS, model control), answered with `reply`."""
         self.instance_name = instance_name
         self._init_args = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,
                                model_config=model_config, instance_name=instance_name,
                                instance_kind=instance_kind, device_id=device_id)
         self._on_exit = on_exit
+        self._on_server_call = on_server_call
         self._batch_ids = itertools.count(1)
         # batch id -> (future, input-arena slot or None, table rows to free at its Result)
         self._pending: dict = {}
@@ -425,8 +429,22 @@ class WorkerHandle:
         elif isinstance(msg, messages.ReadyState):
             if self._readiness is not None and not self._readiness.done():
                 self._readiness.set_result(bool(msg.ready))
+        elif isinstance(msg, messages.ServerCall):
+            if self._on_server_call is not None:
+                self._on_server_call(self, msg)
+            else:
+                self.reply(messages.ServerReply(msg.call_id, True, messages.ResponseFrame(
+                    ["UNSUPPORTED", "this server does not serve calls from models"], [])))
         elif isinstance(msg, messages.Bye):
             self._resolve_bye()
+
+    def reply(self, msg: messages.ServerReply) -> bool:
+        """Answer a ServerCall; False when the worker is gone."""
+        try:
+            self._channel.send(msg)
+        except (ConnectionError, AttributeError):
+            return False
+        return True
 
     def _resolve_bye(self) -> None:
         if self._bye is not None and not self._bye.done():
@@ -460,6 +478,9 @@ class WorkerHandle:
     def _on_closed(self, exc) -> None:
         self.alive = False
         self._resolve_bye()
+        cancel_calls = getattr(self._on_server_call, "cancel_all_of", None)
+        if cancel_calls is not None:  # nobody is left to read their answers
+            cancel_calls(self)
         # The socket closes first when the process dies: its exit code, which _watch_exit
         # reports in a moment, tells the client more. Only a process that closed its end and
         # lives on is left for this to fail.

@@ -22,6 +22,10 @@ sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a regio
 Each request also names its row of the worker's request table (see request_table.py). A
 decoupled model answers each request with any number of `StreamResponse`s, from any thread,
 at any time, the last one marked final; its batch's `Result` then only ends the execution.
+
+A model's calls into the server (BLS, model control) go the other way: the worker sends a
+`ServerCall` and the front answers with `ServerReply` frames carrying the call's id, tensors
+inline.
 """
 
 from dataclasses import dataclass, field
@@ -33,7 +37,7 @@ OUTPUT_ARENA = 1  # written by the worker, read by the front
 CLIENT_REGION = 2  # an output the worker wrote into a client's region
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
- MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE) = range(1, 14)
+ MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY) = range(1, 16)
 
 
 @dataclass(slots=True)
@@ -295,10 +299,50 @@ class Bye:
         return Bye()
 
 
+@dataclass(slots=True)
+class ServerCall:
+    """A model's call into the server (worker to front), answered by ServerReply frames with
+    its `call_id`. `kind` is "infer" (BLS), "load", "unload", "ready" (model control) or
+    "cancel" (the caller left a call's replies unread: stop it)."""
+
+    call_id: int
+    kind: str
+    args: dict
+
+    def to_wire(self) -> list:
+        return [SERVER_CALL, self.call_id, self.kind, self.args]
+
+    @staticmethod
+    def from_wire(w: list) -> "ServerCall":
+        return ServerCall(w[1], w[2], w[3])
+
+
+@dataclass(slots=True)
+class ServerReply:
+    """One answer to a ServerCall: a BLS response (outputs inline) or a control call's
+    outcome (`response` holds only an error, if any; `value` the answer). The last reply of
+    a call is `final`; a decoupled model's final flag alone comes with `response` None."""
+
+    call_id: int
+    final: bool
+    response: Optional[ResponseFrame]
+    value: Any = None
+
+    def to_wire(self) -> list:
+        return [SERVER_REPLY, self.call_id, self.final,
+                None if self.response is None else self.response.to_wire(), self.value]
+
+    @staticmethod
+    def from_wire(w: list) -> "ServerReply":
+        return ServerReply(w[1], w[2], None if w[3] is None else ResponseFrame.from_wire(w[3]),
+                           w[4])
+
+
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
            SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
            MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
-           UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState}
+           UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState,
+           SERVER_CALL: ServerCall, SERVER_REPLY: ServerReply}
 
 
 def from_wire(w: list) -> Any:

@@ -57,6 +57,8 @@ class Loader:
         self._auto_complete = not disable_auto_complete
         # Runs an ensemble's steps (DataPlane.run_step); set by the server.
         self.step_runner = None
+        # Serves the models' calls into the server (server_calls.ServerCalls); set by the server.
+        self.server_calls = None
 
     async def load_all(self, names=None) -> None:
         entries = scan_repository(self.repository)
@@ -192,7 +194,7 @@ class Loader:
                         model_repository=self.repository, model_config=config_json,
                         instance_name=f"{group.name}_{index}", instance_kind=kind,
                         device_id=device if kind == "GPU" else 0,
-                        on_exit=self._on_instance_exit))
+                        on_exit=self._on_instance_exit, on_server_call=self.server_calls))
                     index += 1
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -258,17 +258,18 @@ def test_sender_checks_arguments():
         sender.send("not a response")
 
 
-def test_bls_request_constructs_but_exec_is_unsupported():
+def test_bls_request_constructs_and_exec_needs_a_worker():
     tensor = pb_utils.Tensor("IN", np.ones(1))
     request = pb_utils.InferenceRequest(
         model_name="other", requested_output_names=["OUT"], inputs=[tensor],
         parameters={"p": True},
     )
     assert request.inputs() == [tensor] and json.loads(request.parameters()) == {"p": True}
-    with pytest.raises(pb_utils.TritonModelException, match="BLS .* not supported"):
+    # Outside a worker there is no server to call (tests/e2e/test_bls.py has the calls).
+    with pytest.raises(pb_utils.TritonModelException, match="only inside a shmserve worker"):
         request.exec()
-    with pytest.raises(pb_utils.TritonModelException, match="BLS .* not supported"):
-        request.async_exec()
+    with pytest.raises(pb_utils.TritonModelException, match="only inside a shmserve worker"):
+        pb_utils.is_model_ready("other")
     with pytest.raises(pb_utils.TritonModelException, match="response sender"):
         request.get_response_sender()
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
@@ -326,11 +327,11 @@ def test_batched_input_errors():
         pb_utils.batched_input(mismatched, "X")
 
 
-def test_model_control_is_unsupported():
-    for call in (lambda: pb_utils.load_model("m"), lambda: pb_utils.unload_model("m"),
-                 lambda: pb_utils.is_model_ready("m")):
-        with pytest.raises(pb_utils.TritonModelException, match="not supported by shmserve"):
-            call()
+def test_load_model_checks_its_files_before_calling():
+    with pytest.raises(pb_utils.TritonModelException, match="must start with 'file:'"):
+        pb_utils.load_model("m", files={"model.py": b""})
+    with pytest.raises(pb_utils.TritonModelException, match="must be bytes"):
+        pb_utils.load_model("m", files={"file:1/model.py": "text"})
 
 
 # --- config helpers and ModelConfig -----------------------------------------------------------

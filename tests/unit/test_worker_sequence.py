@@ -16,6 +16,7 @@ from workers import triton_python_backend_utils as pb_utils
 from workers.loop import WorkerLoop
 from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
 from workers.sequence import END, START, SequenceConfigError, SequenceExtras
+from workers.server_calls import FrameReader
 
 
 def control(name, kind, **fields):
@@ -603,7 +604,7 @@ def run_loop(runner, segments, requests, decoupled=False):
         messages.TensorRef("IN", "INT32", [1, 1], [4 * i, 4])], ["OUT"], i,
         sequence_slot=i, ready=ready) for i, (_, flags, ready) in enumerate(requests)]
     channel = FakeChannel([messages.Execute(7, block, frames)])
-    WorkerLoop(channel, runner, init).run()
+    WorkerLoop(channel, FrameReader(channel), runner, init).run()
     return channel.sent
 
 

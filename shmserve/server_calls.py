@@ -1,0 +1,140 @@
+"""Calls a model makes into the server from its worker: BLS inference
+(`pb_utils.InferenceRequest.exec` / `async_exec`) and model control (`pb_utils.load_model`,
+`unload_model`, `is_model_ready`).
+
+Each call arrives as a ServerCall frame and runs as a task of the front, as a client's request
+would: the same dataplane, scheduling, statistics and errors. Its answers go back to the
+calling worker as ServerReply frames. Tensors travel inline in both directions, copied once
+each way through the front; BLS composes models inside the server, and keeping its tensors in
+frames keeps the frame protocol simple (the zero-copy path is the client's).
+"""
+
+import asyncio
+import contextlib
+import logging
+
+from shmserve.dataplane import DecoupledModel
+from shmserve.errors import Code, ServerError
+from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
+from shmserve.ipc import messages
+
+log = logging.getLogger("shmserve.server_calls")
+
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+class ServerCalls:
+    """Serves ServerCall frames (WorkerHandle's `on_server_call`) with a DataPlane."""
+
+    def __init__(self, dataplane):
+        self.dp = dataplane
+        self._tasks: dict = {}  # (worker id, call id) -> task
+
+    def __call__(self, worker, call: messages.ServerCall) -> None:
+        key = (id(worker), call.call_id)
+        if call.kind == "cancel":
+            task = self._tasks.get(key)
+            if task is not None:
+                task.cancel()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(worker, call))
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._tasks.pop(key, None))
+
+    def cancel_all_of(self, worker) -> None:
+        """The worker is gone: nobody waits for its calls' answers."""
+        for (owner, _), task in list(self._tasks.items()):
+            if owner == id(worker):
+                task.cancel()
+
+    async def _serve(self, worker, call: messages.ServerCall) -> None:
+        args = call.args
+        try:
+            if call.kind == "infer":
+                await self._infer(worker, call.call_id, args)
+                return
+            if call.kind == "load":
+                await self.dp.load_model(args["model"], args.get("config") or None,
+                                         args.get("files") or {})
+                value = True
+            elif call.kind == "unload":
+                await self.dp.unload_model(args["model"], bool(args.get("unload_dependents")))
+                value = True
+            elif call.kind == "ready":
+                try:
+                    value = await self.dp.model_ready(args["model"], args.get("version", ""))
+                except ServerError:  # an unknown model is not ready, as in Triton
+                    value = False
+            else:
+                raise ServerError(Code.INVALID_ARG, f"unknown server call '{call.kind}'")
+            worker.reply(messages.ServerReply(call.call_id, True, None, value))
+        except ServerError as exc:
+            worker.reply(_error_reply(call.call_id, exc.code.name, exc.message))
+        except (KeyError, TypeError, ValueError) as exc:
+            worker.reply(_error_reply(call.call_id, "INVALID_ARG",
+                                      f"malformed {call.kind} call: {exc}"))
+
+    async def _infer(self, worker, call_id: int, args: dict) -> None:
+        request = _infer_request(args)
+        if not args.get("decoupled"):
+            try:
+                response = await self.dp.infer(request)
+            except DecoupledModel:
+                raise ServerError(Code.INVALID_ARG,
+                                  _DECOUPLED_ONLY.format(request.model_name)) from None
+            worker.reply(messages.ServerReply(call_id, True, _frame(response)))
+            return
+        async with contextlib.aclosing(self.dp.stream(request)) as responses:
+            async for item in responses:
+                if item.error is not None:
+                    frame = messages.ResponseFrame([item.error.code.name, item.error.message], [])
+                elif item.response is not None:
+                    frame = _frame(item.response)
+                else:
+                    frame = None
+                if not worker.reply(messages.ServerReply(call_id, item.final, frame)):
+                    return  # the caller is gone: leaving the iteration cancels the request
+
+
+_DECOUPLED_ONLY = ("Model {} is using the decoupled. The current BLS request call doesn't "
+                   "support models using the decoupled transaction policy. Please use "
+                   "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                   "decoupled models.")
+
+
+def _infer_request(args: dict) -> InferRequest:
+    version = args.get("version", -1)
+    params = dict(args.get("parameters") or {})
+    correlation_id = args.get("correlation_id", 0)
+    flags = args.get("flags", 0)
+    if correlation_id not in (0, ""):
+        params["sequence_id"] = correlation_id
+    if flags & SEQUENCE_START:
+        params["sequence_start"] = True
+    if flags & SEQUENCE_END:
+        params["sequence_end"] = True
+    if args.get("timeout"):
+        params["timeout"] = args["timeout"]
+    return InferRequest(
+        model_name=args["model"],
+        model_version="" if version is None or version < 0 else str(version),
+        id=args.get("id", ""),
+        parameters=params,
+        inputs=[InputTensor(name, datatype, list(shape), data)
+                for name, datatype, shape, data in args["inputs"]],
+        outputs=[RequestedOutput(name) for name in args.get("outputs") or ()])
+
+
+def _frame(response: InferResponse) -> messages.ResponseFrame:
+    """The response with its outputs copied inline; its slots are given back."""
+    try:
+        outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), bytes(o.data))
+                   for o in response.outputs]
+    finally:
+        response.done()
+    return messages.ResponseFrame(None, outputs, response.parameters)
+
+
+def _error_reply(call_id: int, code: str, message: str) -> messages.ServerReply:
+    return messages.ServerReply(call_id, True, messages.ResponseFrame([code, message], []))

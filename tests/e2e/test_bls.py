@@ -1,0 +1,98 @@
+"""Models calling the server from their worker: BLS (`InferenceRequest.exec`, `async_exec`,
+decoupled) and model control (`is_model_ready`, `load_model`), through the test model
+`bls_probe` (tests/models/README.md), over both protocols."""
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.conftest import start_server, stop_server, wait_for_models
+
+MODELS = ("bls_probe", "add_sub", "repeat", "string_echo")
+X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+Y = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def models_ready(server):
+    wait_for_models(server, MODELS)
+
+
+def probe(clients, protocol, mode, x=None, y=None):
+    module = httpclient if protocol == "http" else grpcclient
+    inputs = []
+    for name, value in (("MODE", np.array([mode.encode()], np.object_)), ("INPUT0", x),
+                        ("INPUT1", y)):
+        if value is not None:
+            tensor = module.InferInput(name, list(value.shape),
+                                       "BYTES" if value.dtype == np.object_ else "FP32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+    return clients[protocol].infer("bls_probe", inputs)
+
+
+def text(result) -> list:
+    return [v.decode() for v in result.as_numpy("TEXT")]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_exec_from_execute_gets_the_other_models_answer(clients, protocol):
+    result = probe(clients, protocol, "sync", X, Y)
+    assert result.as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
+    assert result.as_numpy("OUTPUT1").tolist() == (X - Y).tolist()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_async_exec_runs_calls_at_once_and_keeps_only_the_requested_outputs(clients, protocol):
+    result = probe(clients, protocol, "async", X, Y)
+    assert result.as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
+    assert result.as_numpy("OUTPUT1").tolist() == (Y + X).tolist()
+    assert text(result) == ["OUTPUT0"]
+
+
+def test_exec_decoupled_iterates_every_response_then_the_empty_final(clients):
+    values = np.array([5, 7, 9], np.float32)
+    result = probe(clients, "grpc", "stream", values)
+    assert result.as_numpy("OUTPUT0").tolist() == [5.0, 7.0, 9.0]
+    # repeat sends its final flag alone: the iterator ends with one empty response.
+    assert text(result) == ["empty 1"]
+
+
+def test_bytes_tensors_travel_both_ways(clients):
+    assert text(probe(clients, "http", "bytes")) == ["alpha", "", "gamma"]
+
+
+def test_a_failed_call_comes_back_as_a_response_with_the_error(clients):
+    missing_code, missing, decoupled_code, decoupled = text(probe(clients, "grpc", "errors", X))
+    assert missing_code == "NOT_FOUND" and "no_such_model" in missing
+    assert decoupled_code == "INVALID_ARG" and "decoupled=True" in decoupled
+
+
+def test_model_control_from_a_model(tmp_path, test_repository):
+    server = start_server(test_repository, str(tmp_path / "shmserve.log"),
+                          "--model-control-mode=explicit", "--load-model=bls_probe",
+                          "--load-model=add_sub", wait_models=("bls_probe", "add_sub"))
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            ready, load, unload = control(client, "identity_fp32")
+            assert (json.loads(ready), load, unload) == ([False, True, False], "ok", "ok")
+            ready, load, unload = control(client, "no_such_model")
+            assert json.loads(ready) == [False, False, False]
+            assert "failed to load 'no_such_model'" in load
+    finally:
+        stop_server(server)
+
+
+def control(client, target: str) -> list:
+    mode = grpcclient.InferInput("MODE", [1], "BYTES")
+    mode.set_data_from_numpy(np.array([b"control"], np.object_))
+    result = client.infer("bls_probe", [mode], parameters={"target": target})
+    return text(result)
+
+
+def test_the_caller_keeps_serving_after_its_calls(clients):
+    for _ in range(20):
+        assert probe(clients, "grpc", "sync", X, Y).as_numpy("OUTPUT0").tolist() == (X + Y).tolist()

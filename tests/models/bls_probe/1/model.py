@@ -1,0 +1,83 @@
+"""Calls other models through BLS and model control, as MODE says (tests/models/README.md)."""
+
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _request(model, outputs, **inputs):
+    return pb_utils.InferenceRequest(
+        model_name=model, requested_output_names=outputs,
+        inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()])
+
+
+def _text(*values):
+    return pb_utils.Tensor("TEXT", np.array([str(v).encode() for v in values], np.object_))
+
+
+def _floats(name, values):
+    return pb_utils.Tensor(name, np.asarray(values, np.float32))
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        return [await self._one(request) for request in requests]
+
+    async def _one(self, request):
+        mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+        x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+        y = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+        x = None if x is None else x.as_numpy()
+        y = None if y is None else y.as_numpy()
+        if mode == "sync":  # add_sub from execute's own thread
+            response = _request("add_sub", ["OUTPUT0", "OUTPUT1"], INPUT0=x, INPUT1=y).exec()
+            if response.has_error():
+                return pb_utils.InferenceResponse(error=response.error())
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy()),
+                _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(response, "OUTPUT1").as_numpy())])
+        if mode == "async":  # two add_sub calls at once; only OUTPUT0 asked of each
+            first, second = await asyncio.gather(
+                _request("add_sub", ["OUTPUT0"], INPUT0=x, INPUT1=y).async_exec(),
+                _request("add_sub", ["OUTPUT0"], INPUT0=y, INPUT1=x).async_exec())
+            names = [t.name() for t in first.output_tensors()]
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy()),
+                _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(second, "OUTPUT0").as_numpy()),
+                _text(*names)])
+        if mode == "stream":  # every response of the decoupled repeat
+            responses = _request("repeat", ["OUT", "IDX"], IN=x.astype(np.int32)).exec(decoupled=True)
+            values, empty = [], 0
+            for response in responses:
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                if out is None:
+                    empty += 1
+                else:
+                    values.append(float(out.as_numpy()[0]))
+            return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text(f"empty {empty}")])
+        if mode == "bytes":
+            words = np.array([b"alpha", b"", b"gamma"], np.object_)
+            response = _request("string_echo", ["OUTPUT0"], INPUT0=words).exec()
+            out = pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy()
+            return pb_utils.InferenceResponse([_text(*[w.decode() for w in out])])
+        if mode == "errors":  # a missing model, a decoupled model asked for one response
+            missing = _request("no_such_model", ["OUT"], IN=x).exec()
+            decoupled = _request("repeat", ["OUT"], IN=x.astype(np.int32)).exec()
+            return pb_utils.InferenceResponse([_text(
+                missing.error().code().name, missing.error().message(),
+                decoupled.error().code().name, decoupled.error().message())])
+        if mode == "control":  # the model named by the request parameter "target"
+            target = json.loads(request.parameters())["target"]
+            ready = [pb_utils.is_model_ready(target)]
+            outcomes = []
+            for step in (pb_utils.load_model, pb_utils.unload_model):
+                try:
+                    step(target)
+                    outcomes.append("ok")
+                except pb_utils.TritonModelException as exc:
+                    outcomes.append(str(exc))
+                ready.append(pb_utils.is_model_ready(target))
+            return pb_utils.InferenceResponse([_text(json.dumps(ready), *outcomes)])
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"unknown MODE {mode}"))
