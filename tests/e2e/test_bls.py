@@ -93,6 +93,10 @@ def control(client, target: str) -> list:
     return text(result)
 
 
+def test_calls_work_from_initialize(clients):
+    assert text(probe(clients, "grpc", "init")) == ["False"]
+
+
 def test_the_caller_keeps_serving_after_its_calls(clients):
     for _ in range(20):
         assert probe(clients, "grpc", "sync", X, Y).as_numpy("OUTPUT0").tolist() == (X + Y).tolist()

@@ -22,6 +22,10 @@ def _floats(name, values):
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        # Calls work from initialize too: this model is not ready while it loads.
+        self._ready_while_loading = pb_utils.is_model_ready(args["model_name"])
+
     async def execute(self, requests):
         return [await self._one(request) for request in requests]
 
@@ -68,6 +72,8 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse([_text(
                 missing.error().code().name, missing.error().message(),
                 decoupled.error().code().name, decoupled.error().message())])
+        if mode == "init":
+            return pb_utils.InferenceResponse([_text(self._ready_while_loading)])
         if mode == "control":  # the model named by the request parameter "target"
             target = json.loads(request.parameters())["target"]
             ready = [pb_utils.is_model_ready(target)]
