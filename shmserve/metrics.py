@@ -257,11 +257,76 @@ class GpuMetricsCollector:
         yield from (util, mem_total, mem_used, power, limit, energy)
 
 
+class CustomMetricsCollector:
+    """The models' own metrics (pb_utils.MetricFamily), from each instance's latest report.
+    A family and labels name one series for the whole server: counters and histograms add
+    up across instances, a gauge shows the value set last."""
+
+    def __init__(self, registry: Registry):
+        self._registry = registry
+
+    def collect(self):
+        families: dict = {}  # name -> (description, kind, {labels: [value, updated]})
+        for mv in self._registry.all_versions():
+            if mv.pool is None:
+                continue
+            for instance in mv.pool.instances:
+                for name, description, kind, series in instance.custom_metrics:
+                    family = families.setdefault(name, (description, kind, {}))
+                    if family[1] != kind:
+                        continue  # the first kind reported wins
+                    for labels, value, updated in series:
+                        _merge(family[2], tuple(sorted(labels.items())), kind, value, updated)
+        for name, (description, kind, series) in sorted(families.items()):
+            yield _custom_family(name, description, kind, series)
+
+
+_COUNTER, _GAUGE, _HISTOGRAM = 0, 1, 2
+
+
+def _merge(series: dict, key: tuple, kind: int, value, updated: float) -> None:
+    known = series.get(key)
+    if known is None:
+        series[key] = [_copy_value(value), updated]
+    elif kind == _GAUGE:
+        if updated > known[1]:
+            series[key] = [value, updated]
+    elif kind == _COUNTER:
+        known[0] += value
+    elif known[0][0] == value[0]:  # histograms with the same buckets
+        bounds, counts, total, count = known[0]
+        known[0] = [bounds, [a + b for a, b in zip(counts, value[1])], total + value[2],
+                    count + value[3]]
+
+
+def _copy_value(value):
+    """A histogram's value is added to later: the report's own lists stay as they were."""
+    return [value[0], list(value[1]), value[2], value[3]] if isinstance(value, list) else value
+
+
+def _custom_family(name: str, description: str, kind: int, series: dict) -> Metric:
+    family = Metric(name, description, ("counter", "gauge", "histogram")[kind])
+    for key, (value, _) in sorted(series.items()):
+        labels = dict(key)
+        if kind != _HISTOGRAM:
+            family.add_sample(name, labels, value)
+            continue
+        bounds, counts, total, count = value
+        cumulative = 0
+        for bound, n in zip([*(repr(float(b)) for b in bounds), "+Inf"], counts):
+            cumulative += n
+            family.add_sample(name + "_bucket", {**labels, "le": bound}, cumulative)
+        family.add_sample(name + "_count", labels, count)
+        family.add_sample(name + "_sum", labels, total)
+    return family
+
+
 def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
                          allow_gpu_metrics: bool = True, interval_ms: int = 2000) -> HttpServer:
     interval_s = interval_ms / 1000.0
     prom = CollectorRegistry(auto_describe=False)
     prom.register(ModelMetricsCollector(registry))
+    prom.register(CustomMetricsCollector(registry))
     if allow_cpu_metrics and os.path.exists("/proc/stat"):
         prom.register(Throttled(CpuMetricsCollector(), interval_s))
     gpu = GpuMetricsCollector.open() if allow_gpu_metrics else None

@@ -109,6 +109,8 @@ def main(argv: list) -> int:
     # full collections between batches scan only what requests leave behind.
     gc.freeze()
     channel.send(messages.Ready("", runner.has_readiness_hook))
+    from workers import metrics_report
+    metrics_report.start(channel)
     try:
         loop.run()
     except Exception:

@@ -18,6 +18,7 @@ import enum
 import json
 import logging
 import threading
+import time
 
 import numpy as np
 
@@ -847,13 +848,35 @@ class MetricKind(enum.IntEnum):
     HISTOGRAM = 2
 
 
+# Every MetricFamily of this process, and a count of changes to their values: the worker
+# reports them to the front when the count moved (workers/metrics_report.py).
+_families: list = []
+_metric_changes = 0
+
+
+def _metrics_snapshot() -> tuple[int, list]:
+    """(changes so far, [[name, description, kind, [[labels, value, updated], ...]], ...]);
+    a histogram's value is [bucket bounds, counts per bucket and +Inf, sum, count]."""
+    out = []
+    for family in list(_families):
+        with family._lock:
+            series = [[dict(m._labels), m._snapshot(), m._updated]
+                      for m in family._metrics.values()]
+        out.append([family._name, family._description, int(family._kind), series])
+    return _metric_changes, out
+
+
 class Metric:
-    """One labelled series of a MetricFamily; values live in this process."""
+    """One labelled series of a MetricFamily; values live in this process and reach the
+    metrics endpoint through the front."""
 
     def __init__(self, family: "MetricFamily", labels: dict, buckets):
         self._family = family
         self._labels = labels
         self._value = 0.0
+        self._updated = time.monotonic()  # one clock for all processes: newest gauge wins
+        global _metric_changes
+        _metric_changes += 1  # a new series shows, at 0
         if buckets is None:
             self._buckets = None
         else:
@@ -873,12 +896,24 @@ class Metric:
             )
         with self._family._lock:
             self._value += value
+            self._changed()
 
     def set(self, value):
         if self._family._kind != MetricKind.GAUGE:
             raise TritonModelException("Failed to set metric value: only gauge metrics can be set")
         with self._family._lock:
             self._value = float(value)
+            self._changed()
+
+    def _changed(self) -> None:
+        global _metric_changes
+        self._updated = time.monotonic()
+        _metric_changes += 1
+
+    def _snapshot(self):
+        if self._buckets is None:
+            return self._value
+        return [self._buckets, list(self._bucket_counts), self._value, self._count]
 
     def observe(self, value):
         if self._family._kind != MetricKind.HISTOGRAM:
@@ -889,6 +924,7 @@ class Metric:
             self._bucket_counts[bisect.bisect_left(self._buckets, value)] += 1
             self._count += 1
             self._value += value
+            self._changed()
 
     def value(self):
         if self._family._kind == MetricKind.HISTOGRAM:
@@ -911,6 +947,7 @@ class MetricFamily:
         self._kind = MetricKind(kind)
         self._metrics: dict[tuple, Metric] = {}
         self._lock = threading.Lock()
+        _families.append(self)
 
     def Metric(self, labels=None, buckets=None):  # noqa: N802 (Triton's name)
         labels = {} if labels is None else labels

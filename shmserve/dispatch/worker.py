@@ -161,6 +161,8 @@ class WorkerHandle:
         self._hang_timer: Optional[asyncio.TimerHandle] = None
         self._last_frame = 0.0  # loop time of the last frame, or of the start of work
         self._received: dict = {}  # table row -> responses of its open stream (hang check only)
+        # The model's custom metrics, as its process last reported them (MetricsReport).
+        self.custom_metrics: list = []
 
     @property
     def pid(self) -> Optional[int]:
@@ -172,6 +174,7 @@ class WorkerHandle:
         tag = self.instance_name
         self._generation += 1
         self._process = None
+        self.custom_metrics = []  # a new process starts its metrics anew
         try:
             self._create_arenas(tag)
         except BaseException as exc:
@@ -429,6 +432,8 @@ class WorkerHandle:
         elif isinstance(msg, messages.ReadyState):
             if self._readiness is not None and not self._readiness.done():
                 self._readiness.set_result(bool(msg.ready))
+        elif isinstance(msg, messages.MetricsReport):
+            self.custom_metrics = msg.families
         elif isinstance(msg, messages.ServerCall):
             if self._on_server_call is not None:
                 self._on_server_call(self, msg)

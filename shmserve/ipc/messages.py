@@ -37,7 +37,8 @@ OUTPUT_ARENA = 1  # written by the worker, read by the front
 CLIENT_REGION = 2  # an output the worker wrote into a client's region
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
- MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY) = range(1, 16)
+ MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY,
+ METRICS_REPORT) = range(1, 17)
 
 
 @dataclass(slots=True)
@@ -338,11 +339,28 @@ class ServerReply:
                            w[4])
 
 
+@dataclass(slots=True)
+class MetricsReport:
+    """The values of the model's custom metrics (pb_utils.MetricFamily) in this worker:
+    [[name, description, kind, [[labels, value, updated], ...]], ...], kind 0 counter,
+    1 gauge, 2 histogram (value: [bounds, counts per bucket then +Inf, sum, count]);
+    `updated` is the CLOCK_MONOTONIC time of the series' last change."""
+
+    families: list
+
+    def to_wire(self) -> list:
+        return [METRICS_REPORT, self.families]
+
+    @staticmethod
+    def from_wire(w: list) -> "MetricsReport":
+        return MetricsReport(w[1])
+
+
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
            SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
            MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
            UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState,
-           SERVER_CALL: ServerCall, SERVER_REPLY: ServerReply}
+           SERVER_CALL: ServerCall, SERVER_REPLY: ServerReply, METRICS_REPORT: MetricsReport}
 
 
 def from_wire(w: list) -> Any:

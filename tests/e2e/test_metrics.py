@@ -4,6 +4,7 @@ metric the Grafana dashboard and the autoscaler's adapter rule query is one the 
 import json
 import os
 import re
+import time
 import urllib.request
 
 import numpy as np
@@ -128,3 +129,27 @@ def test_dashboard_and_autoscaler_use_exported_metrics(server, http):
     assert {"nv_inference_request_success", "shmserve_inference_request_duration_seconds_bucket",
             "nv_inference_pending_request_count"} <= used
     assert used - exported <= GPU_METRICS
+
+
+def test_a_models_custom_metrics_show_on_the_endpoint_summed_over_its_instances(server, http):
+    """metrics_probe (2 instances) counts each request, sets a gauge and observes a histogram
+    (pb_utils.MetricFamily); the instances report within a second."""
+    wait_for_models(server, ["metrics_probe"])
+    values = [0.5, 2.0, 20.0, 4.0]
+    for v in values:
+        tensor = fp32("VALUE", np.array([v], np.float32))
+        http.infer("metrics_probe", [tensor])
+    labels = (("model", "metrics_probe"),)
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(server)
+        if samples.get(("probe_requests", labels)) == len(values) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert samples[("probe_requests", labels)] == len(values)
+    assert samples[("probe_last_value", labels)] == 4.0
+    buckets = {dict(key)["le"]: v for (name, key), v in samples.items()
+               if name == "probe_values_bucket"}
+    assert buckets == {"1.0": 1, "10.0": 3, "+Inf": 4}
+    assert samples[("probe_values_count", labels)] == 4
+    assert samples[("probe_values_sum", labels)] == sum(values)

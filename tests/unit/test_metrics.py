@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
-                              Throttled, build_metrics_server)
+                              CustomMetricsCollector, Throttled, build_metrics_server)
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
 
 MS = 1_000_000  # ns
@@ -25,8 +25,10 @@ class FakeRegistry:
         return list(self._versions)
 
 
-def model(name="m", stats=None):
-    return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats())
+def model(name="m", stats=None, instances=None):
+    pool = None if instances is None else SimpleNamespace(instances=instances)
+    return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats(),
+                           pool=pool)
 
 
 def scrape(*collectors) -> dict:
@@ -251,3 +253,32 @@ def test_endpoint_flags(install_nvml):
                                               allow_gpu_metrics=False))
     assert "nv_cpu_" not in text and "nv_gpu_" not in text and not nvml.calls
     assert 'nv_inference_request_success{model="m",version="1"}' in text
+
+
+def instance(*families):
+    return SimpleNamespace(custom_metrics=list(families))
+
+
+def test_custom_metrics_add_up_across_instances_and_a_gauge_shows_its_latest_set():
+    bounds = [0.1, 1.0]
+    first = instance(
+        ["requests", "Requests seen", 0, [[{"kind": "a"}, 2.0, 10.0], [{"kind": "b"}, 1.0, 10.0]]],
+        ["depth", "Queue depth", 1, [[{}, 5.0, 10.0]]],
+        ["latency", "Latency", 2, [[{}, [bounds, [1, 0, 1], 2.05, 2], 10.0]]])
+    second = instance(
+        ["requests", "Requests seen", 0, [[{"kind": "a"}, 3.0, 11.0]]],
+        ["depth", "Queue depth", 1, [[{}, 7.0, 12.0]]],
+        ["latency", "Latency", 2, [[{}, [bounds, [0, 1, 0], 0.5, 1], 11.0]]],
+        ["requests_gauge_clash", "x", 1, []])
+    other_model = instance(["depth", "Queue depth", 1, [[{}, 6.0, 11.5]]])
+    samples = scrape(CustomMetricsCollector(FakeRegistry(
+        model("m", instances=[first, second]), model("n", instances=[other_model]), model("o"))))
+    assert samples[("requests", (("kind", "a"),))] == 5.0
+    assert samples[("requests", (("kind", "b"),))] == 1.0
+    assert samples[("depth", ())] == 7.0  # set last (t=12) by the second instance
+    buckets = {labels: v for (name, labels), v in samples.items() if name == "latency_bucket"}
+    assert buckets == {(("le", "0.1"),): 1.0, (("le", "1.0"),): 2.0, (("le", "+Inf"),): 3.0}
+    assert samples[("latency_count", ())] == 3.0
+    assert samples[("latency_sum", ())] == pytest.approx(2.55)
+    # The reports were not changed by adding them up.
+    assert first.custom_metrics[2][3][0][1][1] == [1, 0, 1]
