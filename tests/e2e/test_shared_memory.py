@@ -471,10 +471,13 @@ def test_requests_queued_in_the_batcher_keep_an_unregistered_region(server, clie
     while not _mapped_by(server.workers(), key) and time.monotonic() < deadline:
         time.sleep(0.02)
     queued = [threading.Thread(target=send, args=(i,)) for i in range(3)]
-    for t in queued:
+    # One at a time: requests arriving together would batch, and fill the slots differently.
+    queued[0].start()
+    time.sleep(0.3)  # it takes the instance's second slot at once
+    for waiting, t in enumerate(queued[1:], start=1):
         t.start()
-    while pending_requests(server, "batch_recorder") < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+        while pending_requests(server, "batch_recorder") < waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
     assert pending_requests(server, "batch_recorder") == 2
     c.unregister_system_shared_memory("queued")
     open(gate, "w").close()
