@@ -87,16 +87,20 @@ class Registry:
         rec = self.models.get(name)
         if rec is None:
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
-        if not rec.versions:
+        versions = rec.versions
+        if not versions:
             return None
         if version in ("", "-1"):
-            ready = [v for v in rec.versions.values() if v.ready]
-            return max(ready or rec.versions.values(), key=lambda v: v.version)
+            if len(versions) == 1:  # the usual case, asked of every request
+                for only in versions.values():
+                    return only
+            ready = [v for v in versions.values() if v.ready]
+            return max(ready or versions.values(), key=lambda v: v.version)
         try:
             number = int(version)
         except ValueError:
             raise ServerError(Code.INVALID_ARG, f"failed to parse model version '{version}' for model '{name}'") from None
-        mv = rec.versions.get(number)
+        mv = versions.get(number)
         if mv is None:
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {number} is not found")
         return mv
