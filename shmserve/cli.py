@@ -11,12 +11,14 @@ import sys
 
 from shmserve import logs
 from shmserve.dataplane import MAX_MESSAGE_SIZE
+from shmserve.errors import ServerError
 from shmserve.malloc import keep_large_blocks
+from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "backend-config", "trace-config", "cache-config", "rate-limit",
+    "backend-config", "trace-config", "rate-limit",
     "rate-limit-resource", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size",
     "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
@@ -24,7 +26,7 @@ UNSUPPORTED_FLAGS = (
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
     "grpc-restricted-protocol", "metrics-config", "buffer-manager-thread-count",
     "host-policy", "model-namespacing",
-    "response-cache-byte-size", "min-supported-compute-capability", "exit-on-error",
+    "min-supported-compute-capability", "exit-on-error",
 )
 # Tuning flags of Triton's C++ thread pools; accepted, and the log says they have no effect.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
@@ -140,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-interval-ms", type=int, default=2000)
+    p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="the response cache, for models whose config enables it: only the "
+                        "'local' cache (size in bytes)")
+    p.add_argument("--response-cache-byte-size", type=_non_negative_int, default=None,
+                   metavar="BYTES", help="Triton's older spelling of --cache-config local,size=")
     # Triton's default is false; shared memory is what shmserve is for, so it is on here.
     p.add_argument("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -165,6 +172,12 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
     args = build_parser().parse_args(argv)
     if "*" in args.load_model and len(args.load_model) > 1:
         build_parser().error("--load-model=* must be the only --load-model")
+    try:
+        cache_size = parse_cache_config(args.cache_config)
+    except ServerError as exc:
+        build_parser().error(exc.message)
+    if args.response_cache_byte_size is not None and not args.cache_config:
+        cache_size = args.response_cache_byte_size
     options = Options(
         model_repository=args.model_repository,
         model_control_mode=args.model_control_mode,
@@ -190,6 +203,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_client_shm=args.allow_client_shm,
+        cache_size=cache_size,
         grpc_max_message_size=args.grpc_max_message_size,
         max_tensor_byte_size=args.max_tensor_byte_size,
         max_inflight_per_connection=args.max_inflight_per_connection,

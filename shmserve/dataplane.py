@@ -19,6 +19,7 @@ from shmserve.inference import (InferRequest, InferResponse, InputTensor, Output
                                 StreamedResponse)
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
+from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
 from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
@@ -52,8 +53,11 @@ class DataPlane:
                  server_id: str = "shmserve", strict_readiness: bool = True, models=None,
                  max_tensor_byte_size: int = MAX_TENSOR_BYTE_SIZE,
                  max_queue_size_default: int = MAX_QUEUE_SIZE_DEFAULT,
-                 max_open_streams: int = MAX_OPEN_STREAMS):
+                 max_open_streams: int = MAX_OPEN_STREAMS,
+                 response_cache: ResponseCache | None = None):
+        """`response_cache`: the server's (--cache-config), used by models that enable it."""
         self.registry = registry
+        self.response_cache = response_cache
         self.models = models  # a repository.manager.ModelManager: the repository API
         self.shared_memory = shared_memory
         self.server_id = server_id
@@ -224,6 +228,19 @@ class DataPlane:
             raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
+        cache = self.response_cache
+        key = None
+        # Requests with tensors in shared memory are not cached: a client may rewrite a
+        # region between requests that look the same.
+        if cache is not None and mv.config.response_cache.enable and not work.regions:
+            looked = time.perf_counter_ns()
+            key = request_key(mv.name, mv.version, work.inputs, work.requested_outputs)
+            hit = cache.lookup(key)
+            now = time.perf_counter_ns()
+            if hit is not None:
+                mv.stats.record_cache_hit(now - started, now - looked)
+                return _cached_response(request, mv, hit)
+            mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
         mv.stats.inflight += 1
         _hold_regions(work)
         try:
@@ -231,7 +248,14 @@ class DataPlane:
         finally:
             mv.stats.inflight -= 1
             _release_regions(work)
-        return _response(request, mv, response)
+        response = _response(request, mv, response)
+        if key is not None:
+            inserting = time.perf_counter_ns()
+            cache.insert(key, CachedResponse(
+                [(o.name, o.datatype, list(o.shape), bytes(o.data)) for o in response.outputs],
+                dict(response.parameters)))
+            mv.stats.cache_miss.add(time.perf_counter_ns() - inserting, count=0)
+        return response
 
     async def stream(self, request: InferRequest):
         """The responses of one request, as an async iterator of StreamedResponse, for any model
@@ -621,6 +645,12 @@ def _response(request: InferRequest, mv, work) -> InferResponse:
         outputs.append(OutputTensor(o.name, o.datatype, shape, o.data))
     return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
                          release=work.release)
+
+
+def _cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:
+    return InferResponse(mv.name, str(mv.version), request.id, dict(hit.parameters),
+                         [OutputTensor(name, datatype, list(shape), data)
+                          for name, datatype, shape, data in hit.outputs])
 
 
 def _fmt(shape) -> str:

@@ -72,6 +72,20 @@ class ModelMetricsCollector:
             "shmserve_inference_batch_size",
             "Batch size of each model execution (the sum of its requests' batch sizes)",
             labels=labels)
+        # Only for models whose config enables the response cache.
+        cache = {
+            "hits": CounterMetricFamily("nv_cache_num_hits_per_model",
+                                        "Number of cache hits per model", labels=labels),
+            "misses": CounterMetricFamily("nv_cache_num_misses_per_model",
+                                          "Number of cache misses per model", labels=labels),
+            "hit_us": CounterMetricFamily("nv_cache_hit_duration_per_model",
+                                          "Total cache hit duration per model, in microseconds",
+                                          labels=labels),
+            "miss_us": CounterMetricFamily("nv_cache_miss_duration_per_model",
+                                           "Total cache miss (insert+lookup) duration per model, "
+                                           "in microseconds", labels=labels),
+        }
+        cached_models = 0
         for mv in self._registry.all_versions():
             lv = [mv.name, str(mv.version)]
             load.add_metric(lv, mv.load_seconds)
@@ -90,8 +104,17 @@ class ModelMetricsCollector:
             request_hist.add_metric(lv, _request_buckets(s.request_buckets),
                                     (s.success.ns + s.fail.ns) / 1e9)
             batch_hist.add_metric(lv, *_batch_buckets(s.batches))
+            if mv.config.response_cache.enable:
+                cached_models += 1
+                cache["hits"].add_metric(lv, s.cache_hit.count)
+                cache["misses"].add_metric(lv, s.cache_miss.count)
+                cache["hit_us"].add_metric(lv, s.cache_hit.ns // 1000)
+                cache["miss_us"].add_metric(lv, s.cache_miss.ns // 1000)
         yield from (success, failure, count, exec_count, pending, *durations.values(), load,
                     request_hist, batch_hist)
+        if cached_models:
+            yield from cache.values()
+
 
 
 def _request_buckets(counts: list) -> list:

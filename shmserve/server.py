@@ -21,6 +21,7 @@ from shmserve.ipc import shm
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
+from shmserve.response_cache import ResponseCache
 from shmserve.server_calls import ServerCalls
 from shmserve.shared_memory import SharedMemoryManager
 
@@ -52,6 +53,8 @@ class Options:
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
     allow_client_shm: bool = True
+    # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
+    cache_size: int = 0
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -89,7 +92,9 @@ class Server:
                                    models=self.models,
                                    max_tensor_byte_size=options.max_tensor_byte_size,
                                    max_queue_size_default=options.max_queue_size_default,
-                                   max_open_streams=options.max_open_streams)
+                                   max_open_streams=options.max_open_streams,
+                                   response_cache=(ResponseCache(options.cache_size)
+                                                   if options.cache_size else None))
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []

@@ -44,6 +44,10 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    # Response cache (shmserve/response_cache.py): lookups that hit (their time), and
+    # lookups that missed (the lookup and the later insertion).
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     # Failures by Triton's metric reason: REJECTED, CANCELED, BACKEND, OTHER.
     failures: dict = field(default_factory=dict)
     batches: dict = field(default_factory=dict)  # batch size -> BatchStats
@@ -66,6 +70,13 @@ class ModelStats:
         self.compute_infer.add(compute_infer_ns)
         self.compute_output.add(compute_output_ns)
 
+    def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache: a success, but no inference."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.success.add(request_ns)
+        self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
+        self.cache_hit.add(lookup_ns)
+
     def record_execution(self, batch_size: int, timings) -> None:
         """One batch executed (batch_size: the sum of its requests' batch sizes)."""
         self.execution_count += 1
@@ -87,7 +98,6 @@ def stats_json(mv, s: ModelStats) -> dict:
     def d(x):
         return {"count": x.count, "ns": x.ns}
 
-    zero = {"count": 0, "ns": 0}
     return {
         "name": mv.name,
         "version": str(mv.version),
@@ -97,7 +107,7 @@ def stats_json(mv, s: ModelStats) -> dict:
         "inference_stats": {
             "success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
             "compute_input": d(s.compute_input), "compute_infer": d(s.compute_infer),
-            "compute_output": d(s.compute_output), "cache_hit": zero, "cache_miss": zero,
+            "compute_output": d(s.compute_output), "cache_hit": d(s.cache_hit), "cache_miss": d(s.cache_miss),
         },
         "response_stats": {},
         "batch_stats": [

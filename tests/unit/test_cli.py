@@ -28,7 +28,8 @@ def test_defaults_match_tritonserver():
 
 @pytest.mark.parametrize("argv,fragment", [
     (["--model-repository=/r", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--model-repository=/r", "--cache-config=local,size=1"], "does not support yet"),
+    (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "does not support yet"),
+    (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--load-model=*", "--load-model=a"], "must be the only"),
     ([], "--model-repository"),

@@ -25,10 +25,11 @@ class FakeRegistry:
         return list(self._versions)
 
 
-def model(name="m", stats=None, instances=None):
+def model(name="m", stats=None, instances=None, cache=False):
     pool = None if instances is None else SimpleNamespace(instances=instances)
+    config = SimpleNamespace(response_cache=SimpleNamespace(enable=cache))
     return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats(),
-                           pool=pool)
+                           pool=pool, config=config)
 
 
 def scrape(*collectors) -> dict:
@@ -282,3 +283,18 @@ def test_custom_metrics_add_up_across_instances_and_a_gauge_shows_its_latest_set
     assert samples[("latency_sum", ())] == pytest.approx(2.55)
     # The reports were not changed by adding them up.
     assert first.custom_metrics[2][3][0][1][1] == [1, 0, 1]
+
+
+def test_cache_counters_show_only_for_models_that_enable_the_cache():
+    cached = model("c", cache=True)
+    cached.stats.cache_hit.add(3_000, 2)
+    cached.stats.cache_miss.add(5_000, 1)
+    samples = scrape(ModelMetricsCollector(FakeRegistry(cached, model("plain"))))
+    key = (("model", "c"), ("version", "1"))
+    assert samples[("nv_cache_num_hits_per_model", key)] == 2
+    assert samples[("nv_cache_num_misses_per_model", key)] == 1
+    assert samples[("nv_cache_hit_duration_per_model", key)] == 3
+    assert samples[("nv_cache_miss_duration_per_model", key)] == 5
+    assert ("nv_cache_num_hits_per_model", (("model", "plain"), ("version", "1"))) not in samples
+    samples = scrape(ModelMetricsCollector(FakeRegistry(model("plain"))))
+    assert not any(name.startswith("nv_cache_") for name, _ in samples)
