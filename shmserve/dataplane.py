@@ -12,6 +12,7 @@ import sys
 import time
 
 from shmserve import __version__, logs
+from shmserve.classification import classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
@@ -23,8 +24,10 @@ from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
 from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics",
-              "system_shared_memory", "cuda_shared_memory", "logging"]
+EXTENSIONS = ["classification", "sequence", "model_repository",
+              "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
+              "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+              "statistics", "logging"]
 
 # Request parameters the server consumes; the model sees the others through parameters().
 RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
@@ -234,7 +237,10 @@ class DataPlane:
         # region between requests that look the same.
         if cache is not None and mv.config.response_cache.enable and not work.regions:
             looked = time.perf_counter_ns()
-            key = request_key(mv.name, mv.version, work.inputs, work.requested_outputs)
+            classes = _classifications(request) if request.outputs else None
+            asked = work.requested_outputs if not classes else [
+                f"{name}:{classes.get(name, 0)}" for name in work.requested_outputs]
+            key = request_key(mv.name, mv.version, work.inputs, asked)
             hit = cache.lookup(key)
             now = time.perf_counter_ns()
             if hit is not None:
@@ -546,9 +552,11 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
             if o.name not in sig.outputs:
                 raise ServerError(Code.INVALID_ARG,
                                   f"unexpected inference output '{o.name}' for model '{name}'")
-            if o.parameters and "shared_memory_region" in o.parameters:
-                output_regions[o.name] = piece = shared_memory.slice(o.parameters)
-                regions.append(piece.region)
+            if o.parameters:
+                _check_classification(o, sig, name)
+                if "shared_memory_region" in o.parameters:
+                    output_regions[o.name] = piece = shared_memory.slice(o.parameters)
+                    regions.append(piece.region)
             requested.append(o.name)
     else:
         requested = list(sig.outputs)
@@ -634,6 +642,32 @@ def _too_large(name: str, model: str, nbytes: int, limit: int) -> ServerError:
                                          f"{limit} (--max-tensor-byte-size)")
 
 
+def _check_classification(o, sig, model: str) -> None:
+    k = o.parameters.get("classification")
+    if k is None:
+        return
+    if type(k) is not int or k < 0:
+        raise ServerError(Code.INVALID_ARG, f"Unable to set 'classification' of output "
+                                            f"'{o.name}': expected an integer >= 0")
+    if "shared_memory_region" in o.parameters:
+        raise ServerError(Code.INVALID_ARG, "Output can't set both 'shared_memory_region' and "
+                                            "'classification'")
+    if sig.outputs[o.name].datatype == "BYTES":
+        raise ServerError(Code.INVALID_ARG, f"class result not available for output "
+                                            f"'{o.name}' due to unsupported type 'BYTES'")
+
+
+def _classifications(request: InferRequest) -> dict | None:
+    """{output name: k} of the outputs asked as classifications, or None."""
+    found = None
+    for o in request.outputs:
+        k = o.parameters.get("classification") if o.parameters else None
+        if k:
+            found = found or {}
+            found[o.name] = k
+    return found
+
+
 def _response(request: InferRequest, mv, work) -> InferResponse:
     sig = mv.signature
     outputs = []
@@ -643,6 +677,10 @@ def _response(request: InferRequest, mv, work) -> InferResponse:
         if spec is not None and spec.reshape is not None and -1 not in spec.dims:
             shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
         outputs.append(OutputTensor(o.name, o.datatype, shape, o.data))
+    classes = _classifications(request) if request.outputs else None
+    if classes:
+        outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
+                   if o.name in classes else o for o in outputs]
     return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
                          release=work.release)
 

@@ -29,6 +29,7 @@ class ModelVersion:
     scheduler: object = None
     stats: ModelStats = field(default_factory=ModelStats)
     load_seconds: float = 0.0
+    labels: dict = field(default_factory=dict)  # output name -> its label_filename's labels
 
     @property
     def ready(self) -> bool:

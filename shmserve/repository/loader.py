@@ -17,6 +17,7 @@ import time
 
 from shmserve import proto
 from shmserve import registry as reg
+from shmserve.classification import read_labels
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
@@ -182,6 +183,13 @@ class Loader:
             platform=config.platform or config.backend)
         # A new version shows as LOADING; a reloaded one keeps serving until the swap.
         rec.versions.setdefault(version, mv)
+        try:
+            mv.labels = read_labels(entry.path, config)
+        except ServerError as exc:
+            mv.state = reg.UNAVAILABLE
+            mv.reason = exc.message
+            log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
+            return mv
         workers = []
         for group in config.instance_group:
             kind = _kind_name(group)

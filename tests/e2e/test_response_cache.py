@@ -40,6 +40,12 @@ def test_the_same_request_is_answered_from_the_cache(cached):
         assert other.as_numpy("RUN").tolist() == [2]  # other data: executed
         assert subset.as_numpy("RUN") is None and subset.as_numpy("OUTPUT0").tolist() == [1.0, 2.0]
         stats = grpc.get_inference_statistics("cache_probe", as_json=True)["model_stats"][0]
+        # The same outputs asked as a classification are another answer, cached apart.
+        tensor = httpclient.InferInput("INPUT0", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        top = http.infer("cache_probe", [tensor], outputs=[
+            httpclient.InferRequestedOutput("OUTPUT0", class_count=1)]).as_numpy("OUTPUT0")
+        assert top.tolist() == [b"2.000000:1"]
     http.close()
     inference = stats["inference_stats"]
     assert int(inference["cache_hit"]["count"]) == 1
@@ -49,7 +55,7 @@ def test_the_same_request_is_answered_from_the_cache(cached):
     with urllib.request.urlopen(f"http://127.0.0.1:{cached.metrics_port}/metrics") as r:
         text = r.read().decode()
     assert 'nv_cache_num_hits_per_model{model="cache_probe",version="1"} 1.0' in text
-    assert 'nv_cache_num_misses_per_model{model="cache_probe",version="1"} 3.0' in text
+    assert 'nv_cache_num_misses_per_model{model="cache_probe",version="1"} 4.0' in text  # + the classification
 
 
 def test_without_a_server_cache_the_model_runs_every_time(server, clients):
