@@ -344,6 +344,24 @@ def _custom_family(name: str, description: str, kind: int, series: dict) -> Metr
     return family
 
 
+def exposition(prom: CollectorRegistry) -> bytes:
+    """The Prometheus text of `prom`, with Triton's counter headers: prometheus_client names
+    a counter family `<name>_total` in its HELP and TYPE lines even when its samples carry no
+    suffix, where Triton (and so a Prometheus reading Triton) has `# TYPE <name> counter`."""
+    lines = generate_latest(prom).decode().split("\n")
+    for i, line in enumerate(lines):
+        if not line.startswith("# TYPE ") or not line.endswith("_total counter"):
+            continue
+        name = line[7:-len(" counter")]
+        bare = name[:-len("_total")]
+        sample = lines[i + 1] if i + 1 < len(lines) else ""
+        if sample.startswith((bare + "{", bare + " ")):
+            lines[i] = f"# TYPE {bare} counter"
+            if lines[i - 1].startswith(f"# HELP {name} "):
+                lines[i - 1] = f"# HELP {bare} " + lines[i - 1][len(f"# HELP {name} "):]
+    return "\n".join(lines).encode()
+
+
 def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
                          allow_gpu_metrics: bool = True, interval_ms: int = 2000) -> HttpServer:
     interval_s = interval_ms / 1000.0
@@ -361,7 +379,7 @@ def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
             return error_response(404, "Not Found")
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "Method Not Allowed")
-        return Response(200, generate_latest(prom), "text/plain; charset=utf-8")
+        return Response(200, exposition(prom), "text/plain; charset=utf-8")
 
     return HttpServer(handle, max_input_size=64 * 1024,
                       on_stop=gpu.close if gpu is not None else None)

@@ -11,10 +11,24 @@ from dataclasses import dataclass
 
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 import tritonclient.http as httpclient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHM_DIR = "/dev/shm"
+
+
+def metric_samples(text: str) -> dict:
+    """{(sample name, sorted labels): value} of Prometheus text, with the sample names as
+    written: prometheus_client's parser renames a counter's samples `<family>_total`."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name
+            if family.type == "counter" and name == family.name + "_total":
+                name = family.name
+            out[(name, tuple(sorted(s.labels.items())))] = s.value
+    return out
 
 
 def free_port() -> int:

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, wait_for_models
+from tests.conftest import ROOT, metric_samples, wait_for_models
 
 # Triton's GPU families (reference section 6): absent where the server sees no GPU.
 GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
@@ -26,8 +25,7 @@ def scrape(server) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
                                 timeout=5) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return metric_samples(text)
 
 
 def value(samples, name, model, **labels):

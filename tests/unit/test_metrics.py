@@ -7,12 +7,13 @@ import types
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 
 from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
-                              CustomMetricsCollector, Throttled, build_metrics_server)
+                              CustomMetricsCollector, Throttled, build_metrics_server,
+                              exposition)
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
+from tests.conftest import metric_samples
 
 MS = 1_000_000  # ns
 
@@ -37,9 +38,7 @@ def scrape(*collectors) -> dict:
     prom = CollectorRegistry(auto_describe=False)
     for c in collectors:
         prom.register(c)
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(generate_latest(prom).decode())
-            for s in family.samples}
+    return metric_samples(exposition(prom).decode())
 
 
 def succeed(stats, request_ns, batch_size=1):
@@ -298,3 +297,15 @@ def test_cache_counters_show_only_for_models_that_enable_the_cache():
     assert ("nv_cache_num_hits_per_model", (("model", "plain"), ("version", "1"))) not in samples
     samples = scrape(ModelMetricsCollector(FakeRegistry(model("plain"))))
     assert not any(name.startswith("nv_cache_") for name, _ in samples)
+
+
+def test_counter_headers_name_the_counter_as_its_samples_do():
+    stats = ModelStats()
+    succeed(stats, 1000)
+    prom = CollectorRegistry(auto_describe=False)
+    prom.register(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    text = exposition(prom).decode()
+    assert "# TYPE nv_inference_request_success counter\n" in text
+    assert "# HELP nv_inference_request_success Number of successful" in text
+    assert "_total" not in text
+    assert text == exposition(prom).decode()  # nothing else changes between scrapes
