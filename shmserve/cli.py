@@ -14,7 +14,7 @@ from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
-from shmserve.server import Options, Server
+from shmserve.server import Options, Server, StartupError
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
@@ -26,7 +26,7 @@ UNSUPPORTED_FLAGS = (
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
     "grpc-restricted-protocol", "metrics-config", "buffer-manager-thread-count",
     "host-policy", "model-namespacing",
-    "min-supported-compute-capability", "exit-on-error",
+    "min-supported-compute-capability",
 )
 # Tuning flags of Triton's C++ thread pools; accepted, and the log says they have no effect.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--id", default="shmserve", dest="server_id")
     p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
+                   help="exit when a model fails to load at startup (default true, as "
+                        "Triton); false serves the models that did load")
     p.add_argument("--exit-timeout-secs", type=int, default=30)
     # shmserve's own (Triton has no such flag).
     p.add_argument("--model-instance-timeout-secs", type=_seconds, default=0.0, metavar="SECONDS",
@@ -187,6 +190,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         disable_auto_complete=args.disable_auto_complete_config or bool(args.strict_model_config),
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,
@@ -238,7 +242,7 @@ def main(argv=None) -> int:
         runner = asyncio.run
     try:
         runner(Server(options).serve_forever())
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         logging.getLogger("shmserve").error("failed to start: %s", exc)
         return 1
     return 0

@@ -28,6 +28,10 @@ from shmserve.shared_memory import SharedMemoryManager
 log = logging.getLogger("shmserve")
 
 
+class StartupError(RuntimeError):
+    """The server cannot start as asked (a model failed to load, and --exit-on-error)."""
+
+
 @dataclass
 class Options:
     model_repository: list = field(default_factory=list)
@@ -55,6 +59,8 @@ class Options:
     allow_client_shm: bool = True
     # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     cache_size: int = 0
+    # Triton's: a model that fails to load at startup stops the server from starting.
+    exit_on_error: bool = True
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -108,6 +114,13 @@ class Server:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
         self.dataplane.live = True
         await self.models.start()
+        failures = self.models.startup_failures()
+        for failure in failures:
+            log.error("%s", failure)
+        if failures and self.options.exit_on_error:
+            await self.stop()
+            raise StartupError("failed to load all models (--exit-on-error=false serves the "
+                               "others)")
         self.dataplane.accepting = True
         try:
             await self._start_endpoints()

@@ -96,7 +96,9 @@ def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0)
     cmd = [sys.executable, "-m", "shmserve.cli", "--model-repository", repo,
            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
            "--metrics-address", "127.0.0.1", "--http-port", str(ports[0]),
-           "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra]
+           "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+           # The test repository holds models that fail on purpose (bad_config, ...).
+           "--exit-on-error=false", *extra]
     log = open(log_path, "wb")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

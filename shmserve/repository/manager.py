@@ -39,6 +39,7 @@ class ModelManager:
         self.loader = loader
         self.mode = mode
         self._startup = set(startup_models)
+        self._missing: list = []  # --load-model names not in the repository
         self._poll_secs = poll_secs
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
@@ -59,6 +60,8 @@ class ModelManager:
             names = None
         entries = scan_repository(self.repository)
         if names is not None:
+            found = {e.name for e in entries}
+            self._missing = sorted(n for n in names if n not in found)
             named = [e for e in entries if e.name in names]
             self._explicit.update(e.name for e in named)
             entries = _with_steps(named, entries, self.loader)
@@ -69,6 +72,19 @@ class ModelManager:
         await self.loader.load_all(None if names is None else {e.name for e in entries})
         if self.mode == "poll":
             self._poller = asyncio.ensure_future(self._poll_forever())
+
+    def startup_failures(self) -> list:
+        """What failed to load at start, one line each: models of the repository, and
+        --load-model names that are not in it."""
+        out = [f"failed to load '{name}', failed to poll from model repository"
+               for name in self._missing]
+        for rec in self.registry.models.values():
+            if rec.reason:
+                out.append(f"failed to load '{rec.name}': {rec.reason}")
+            for mv in rec.versions.values():
+                if mv.state == reg.UNAVAILABLE and mv.reason != reg.UNLOADED:
+                    out.append(f"failed to load '{rec.name}' version {mv.version}: {mv.reason}")
+        return out
 
     async def stop(self) -> None:
         if self._poller is not None:

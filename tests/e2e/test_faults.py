@@ -495,7 +495,7 @@ def test_no_space_for_arenas_makes_the_model_unavailable(tmp_path_factory, monke
 
     async def run():
         server = Server(Options(model_repository=[repo], allow_http=False, allow_grpc=False,
-                                allow_metrics=False))
+                                allow_metrics=False, exit_on_error=False))
         await server.start()
         try:
             assert _segments(me) == 3  # add_sub's input, output and request-table segments

@@ -10,6 +10,7 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +25,8 @@ from httpx_sse import connect_sse
 from tritonclient.utils import InferenceServerException
 
 from shmserve.ipc import shm
-from tests.conftest import ROOT, alive, shm_entries, start_server, stop_server
+from tests.conftest import (ROOT, STARTED_PIDS, alive, free_port, shm_entries, start_server,
+                            stop_server)
 
 WAIT_S = 20.0
 
@@ -263,3 +265,48 @@ def test_segments_of_dead_servers_are_removed_at_start(launch):
     finally:
         for segment in segments:
             segment.unlink()  # a name already gone is fine
+
+
+# -- --exit-on-error ---------------------------------------------------------------------------
+
+def _start_and_wait_for_exit(args: list, log_path: str) -> tuple:
+    """(exit code, log) of a server that is expected to give up while starting."""
+    cmd = [sys.executable, "-m", "shmserve.cli", "--http-address", "127.0.0.1",
+           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+           "--http-port", str(free_port()), "--grpc-port", str(free_port()),
+           "--metrics-port", str(free_port()), *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    STARTED_PIDS.add(proc.pid)
+    try:
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with open(log_path, errors="replace") as f:
+        return code, f.read()
+
+
+@pytest.mark.parametrize("args", [
+    ["--model-control-mode=explicit", "--load-model=fault_init_raises", "--load-model=add_sub"],
+    ["--model-control-mode=explicit", "--load-model=no_such_model"],
+])
+def test_a_model_that_fails_at_startup_stops_the_server_as_in_triton(test_repository, tmp_path,
+                                                                     args):
+    code, log = _start_and_wait_for_exit(["--model-repository", test_repository, *args],
+                                         str(tmp_path / "shmserve.log"))
+    assert code == 1, log
+    assert "failed to load all models" in log
+    assert "fault_init_raises" in log or "'no_such_model', failed to poll" in log
+
+
+def test_exit_on_error_false_serves_the_models_that_loaded(test_repository, tmp_path):
+    server = start_server(test_repository, str(tmp_path / "shmserve.log"),
+                          "--model-control-mode=explicit", "--load-model=fault_init_raises",
+                          "--load-model=add_sub", "--exit-on-error=false",
+                          wait_models=("add_sub",))
+    try:
+        assert "failed to load 'fault_init_raises'" in server.log()
+    finally:
+        stop_server(server)
