@@ -18,19 +18,20 @@ from shmserve.server import Options, Server, StartupError
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "backend-config", "trace-config", "rate-limit",
-    "rate-limit-resource", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size",
-    "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
+    "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
     "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
-    "grpc-restricted-protocol", "metrics-config", "buffer-manager-thread-count",
-    "host-policy", "model-namespacing",
-    "min-supported-compute-capability",
+    "grpc-restricted-protocol", "metrics-config", "model-namespacing",
 )
-# Tuning flags of Triton's C++ thread pools; accepted, and the log says they have no effect.
+# Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
+# pools, the Python backend's stub and shared-memory sizing, NUMA host policies, the GPU
+# compatibility floor): accepted, so that a Triton command line works unchanged, and the
+# log says they have no effect. None changes what a request gets.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
-                   "backend-directory")
+                   "backend-directory", "backend-config", "pinned-memory-pool-byte-size",
+                   "cuda-memory-pool-byte-size", "buffer-manager-thread-count", "host-policy",
+                   "min-supported-compute-capability")
 
 
 def _bool(text: str) -> bool:
@@ -165,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", default="", metavar="PATH",
                    help="append the log to this file rather than write it to stderr")
     for flag in NO_EFFECT_FLAGS:
-        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), default=None)
+        p.add_argument(f"--{flag}", dest=flag.replace("-", "_"), action="append",
+                       default=None)  # some, like --backend-config, are given several times
     for flag in UNSUPPORTED_FLAGS:
         p.add_argument(f"--{flag}", action=_Unsupported, nargs="?", help=argparse.SUPPRESS)
     return p

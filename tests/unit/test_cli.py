@@ -135,3 +135,15 @@ def test_limit_refusals(flag, fragment, capsys):
     with pytest.raises(SystemExit):
         parse_options(["--model-repository=/r", flag])
     assert fragment in capsys.readouterr().err
+
+
+def test_triton_tuning_flags_are_accepted_even_repeated(tmp_path):
+    argv = ["--model-repository", str(tmp_path / "missing"),
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,stub-timeout-seconds=30",
+            "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
+            "--min-supported-compute-capability=6.0", "--http-thread-count=8"]
+    options, args = parse_options(argv)
+    assert args.backend_config == ["python,shm-default-byte-size=16777216",
+                                   "python,stub-timeout-seconds=30"]
+    assert options.model_repository == [str(tmp_path / "missing")]
