@@ -7,6 +7,7 @@ rather than ignored.
 import argparse
 import asyncio
 import logging
+import re
 import sys
 
 from shmserve import logs
@@ -21,7 +22,7 @@ UNSUPPORTED_FLAGS = (
     "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
-    "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
+    "http-restricted-api",
     "grpc-restricted-protocol", "metrics-config", "model-namespacing",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
@@ -51,6 +52,14 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
+
+
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
+    return text
 
 
 def _non_negative_int(text: str) -> int:
@@ -146,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-interval-ms", type=int, default=2000)
+    for protocol in ("http", "grpc"):
+        p.add_argument(f"--{protocol}-header-forward-pattern", type=_pattern, default="",
+                       metavar="REGEX", help=f"{protocol.upper()} request headers whose names "
+                       "match are passed to the model as request parameters")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache, for models whose config enables it: only the "
                         "'local' cache (size in bytes)")
@@ -193,6 +206,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

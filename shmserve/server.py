@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
-from shmserve import systemd
+from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.supervisor import Supervisor
@@ -61,6 +61,9 @@ class Options:
     cache_size: int = 0
     # Triton's: a model that fails to load at startup stops the server from starting.
     exit_on_error: bool = True
+    # Regular expressions of request headers forwarded to models as parameters ("": none).
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -140,8 +143,9 @@ class Server:
         opts = self.options
         if opts.allow_grpc:
             from shmserve.grpc.servicer import build_server
-            self._grpc = build_server(self.dataplane, opts.grpc_max_message_size,
-                                      opts.max_inflight_per_connection)
+            self._grpc = build_server(
+                self.dataplane, opts.grpc_max_message_size, opts.max_inflight_per_connection,
+                header_forwarding.compile_pattern(opts.grpc_header_forward_pattern))
             await self._grpc.start(opts.grpc_address, opts.grpc_port)
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_server
@@ -153,8 +157,9 @@ class Server:
             self._http_servers.append(server)
         if opts.allow_http:
             from shmserve.http.app import build_server
-            server = build_server(self.dataplane, opts.http_max_input_size,
-                                  opts.max_inflight_per_connection)
+            server = build_server(
+                self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
+                header_forwarding.compile_pattern(opts.http_header_forward_pattern))
             await server.start(opts.http_address, opts.http_port)
             self._http_servers.append(server)
 

@@ -11,7 +11,7 @@ import logging
 
 from google.protobuf import json_format
 
-from shmserve import proto
+from shmserve import header_forwarding, proto
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
 from shmserve.errors import Code, ServerError
@@ -40,10 +40,10 @@ def _rpc_error(exc: ServerError) -> RpcError:
     return RpcError(STATUS.get(exc.code, transport.UNKNOWN), exc.message)
 
 
-def _unary(fn):
+def _unary(fn, with_context: bool = False):
     async def handler(request, context):
         try:
-            return await fn(request)
+            return await (fn(request, context) if with_context else fn(request))
         except ServerError as exc:
             raise _rpc_error(exc) from None
     return handler
@@ -51,9 +51,13 @@ def _unary(fn):
 
 class InferenceServicer:
     def __init__(self, dataplane: DataPlane,
-                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION):
+                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
+                 header_pattern=None):
+        """`header_pattern`: metadata whose names it matches become request parameters
+        (--grpc-header-forward-pattern; header_forwarding.py), or None."""
         self.dp = dataplane
         self.max_inflight_per_stream = max_inflight_per_stream
+        self.header_pattern = header_pattern
 
     async def ServerLive(self, request):
         return proto.ServerLiveResponse(live=self.dp.server_live())
@@ -158,8 +162,11 @@ class InferenceServicer:
         self.dp.shared_memory.unregister_cuda(request.name)
         return proto.CudaSharedMemoryUnregisterResponse()
 
-    async def ModelInfer(self, wire):
+    async def ModelInfer(self, wire, context):
         infer_request = codec.decode_model_infer_request(*codec.parse_model_infer_request(wire))
+        if self.header_pattern is not None:
+            header_forwarding.forward(infer_request, context.invocation_metadata(),
+                                      self.header_pattern)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
@@ -182,7 +189,12 @@ class InferenceServicer:
             # UNAVAILABLE rather than RESOURCE_EXHAUSTED: it is Triton's code for "busy, retry"
             # (a full queue), and gRPC retry policies treat it as retryable.
             raise _rpc_error(exc) from None
-        stream = _Stream(self.dp, self.max_inflight_per_stream)
+        forwarded = None
+        if self.header_pattern is not None:
+            forwarded = [(k, v) for k, v in context.invocation_metadata()
+                         if self.header_pattern.search(k)]
+        stream = _Stream(self.dp, self.max_inflight_per_stream, forwarded,
+                         self.header_pattern)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while True:
@@ -214,8 +226,11 @@ class _Stream:
     once. Requests whose answers are not yet written (rejections included) are bounded too,
     at twice that: a client that sends faster than it reads stops being read from."""
 
-    def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION):
+    def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION,
+                 forwarded=None, header_pattern=None):
         self.dp = dp
+        self._forwarded = forwarded  # the stream's metadata that its requests carry
+        self._header_pattern = header_pattern
         self._ready: asyncio.Queue = asyncio.Queue()  # (message, written future or None)
         self._in_order: collections.deque = collections.deque()  # futures, request order
         self._tasks: set = set()
@@ -273,7 +288,7 @@ class _Stream:
     async def _serve_one(self, msg):
         """The single response of a request to a model that is not decoupled (or its error)."""
         try:
-            async with contextlib.aclosing(self.dp.stream(codec.decode_model_infer_request(msg))) as responses:
+            async with contextlib.aclosing(self.dp.stream(self._decode(msg))) as responses:
                 async for item in responses:
                     return _stream_response(msg, item)
         except ServerError as exc:
@@ -284,7 +299,7 @@ class _Stream:
         empty_final = msg.parameters["triton_enable_empty_final_response"].bool_param \
             if "triton_enable_empty_final_response" in msg.parameters else False
         try:
-            async with contextlib.aclosing(self.dp.stream(codec.decode_model_infer_request(msg))) as responses:
+            async with contextlib.aclosing(self.dp.stream(self._decode(msg))) as responses:
                 async for item in responses:
                     if item.response is None and item.error is None and not empty_final:
                         continue
@@ -293,6 +308,12 @@ class _Stream:
                     await written
         except ServerError as exc:
             self._ready.put_nowait((_Failure(msg, exc, True), None))
+
+    def _decode(self, msg):
+        request = codec.decode_model_infer_request(msg)
+        if self._forwarded:
+            header_forwarding.forward(request, self._forwarded, self._header_pattern)
+        return request
 
     async def close(self) -> None:
         """The call ended: whatever is still running for it is cancelled."""
@@ -380,7 +401,7 @@ def _methods(service_name: str, servicer) -> dict:
             raise ValueError(f"{service_name}/{name}: one-sided streaming is not served")
         # ModelInfer parses its request itself (codec.parse_model_infer_request).
         table[f"/{service_name}/{name}"] = Method(
-            handler=fn if client_stream else _unary(fn),
+            handler=fn if client_stream else _unary(fn, with_context=name == "ModelInfer"),
             deserialize=None if name == "ModelInfer" else req_cls.FromString,
             serialize=(_serialized if name in ("ModelInfer", "ModelStreamInfer")
                        else resp_cls.SerializeToString),
@@ -389,10 +410,12 @@ def _methods(service_name: str, servicer) -> dict:
 
 
 def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
-                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION) -> GrpcServer:
+                 max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
+                 header_pattern=None) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does."""
     return GrpcServer({
-        **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream)),
+        **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream,
+                                                         header_pattern)),
         **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane)),
     }, max_message_size)

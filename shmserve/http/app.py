@@ -11,6 +11,7 @@ import logging
 
 import orjson
 
+from shmserve import header_forwarding
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
@@ -53,9 +54,12 @@ async def _off_loop(fn, body, *args):
 
 
 class HttpRoutes:
-    def __init__(self, dataplane: DataPlane, max_input_size: int):
+    def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None):
+        """`header_pattern`: headers whose names it matches become request parameters
+        (--http-header-forward-pattern; header_forwarding.py), or None."""
         self.dp = dataplane
         self.max_input_size = max_input_size
+        self.header_pattern = header_pattern
 
     async def live(self, request):
         return Response(200 if self.dp.server_live() else 400)
@@ -142,6 +146,9 @@ class HttpRoutes:
         else:
             infer_request, fmt = codec.decode_infer_request(
                 body, header_length, request.match_info["model"], _version(request))
+        if self.header_pattern is not None:
+            header_forwarding.forward(infer_request, request.headers.items(),
+                                      self.header_pattern)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
@@ -224,8 +231,12 @@ class HttpRoutes:
         name = request.match_info["model"]
         version = _version(request)
         body = request.body
-        return generate.decode_generate_request(body, name, version,
-                                                self.dp.signature(name, version))
+        infer_request = generate.decode_generate_request(body, name, version,
+                                                         self.dp.signature(name, version))
+        if self.header_pattern is not None:
+            header_forwarding.forward(infer_request, request.headers.items(),
+                                      self.header_pattern)
+        return infer_request
 
 
 def _json_body(request: Request) -> dict:
@@ -245,9 +256,10 @@ def _json_body(request: Request) -> dict:
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 def build_server(dataplane: DataPlane, max_input_size: int,
-                 max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION) -> HttpServer:
+                 max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION,
+                 header_pattern=None) -> HttpServer:
     router = Router()
-    r = HttpRoutes(dataplane, max_input_size)
+    r = HttpRoutes(dataplane, max_input_size, header_pattern)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
     for prefix in (m, mv):

@@ -31,6 +31,7 @@ def test_defaults_match_tritonserver():
     (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "does not support yet"),
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
+    (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),
     (["--model-repository=/r", "--load-model=*", "--load-model=a"], "must be the only"),
     ([], "--model-repository"),
 ])
