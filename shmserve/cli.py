@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 
-from shmserve import logs
+from shmserve import logs, restricted_api
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
 from shmserve.malloc import keep_large_blocks
@@ -22,8 +22,7 @@ UNSUPPORTED_FLAGS = (
     "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
-    "http-restricted-api",
-    "grpc-restricted-protocol", "metrics-config", "model-namespacing",
+    "metrics-config", "model-namespacing",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
 # pools, the Python backend's stub and shared-memory sizing, NUMA host policies, the GPU
@@ -159,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{protocol}-header-forward-pattern", type=_pattern, default="",
                        metavar="REGEX", help=f"{protocol.upper()} request headers whose names "
                        "match are passed to the model as request parameters")
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        p.add_argument(flag, action="append", default=[],
+                       metavar="<category>[,<category>...]:<header>=<value>",
+                       help="answer these API categories only to requests carrying the header "
+                            f"(categories: {', '.join(restricted_api.CATEGORIES)})")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache, for models whose config enables it: only the "
                         "'local' cache (size in bytes)")
@@ -194,6 +198,11 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         cache_size = parse_cache_config(args.cache_config)
     except ServerError as exc:
         build_parser().error(exc.message)
+    try:
+        http_restrictions = restricted_api.parse_restrictions(args.http_restricted_api)
+        grpc_restrictions = restricted_api.parse_restrictions(args.grpc_restricted_protocol)
+    except restricted_api.RestrictionError as exc:
+        build_parser().error(str(exc))
     if args.response_cache_byte_size is not None and not args.cache_config:
         cache_size = args.response_cache_byte_size
     options = Options(
@@ -208,6 +217,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         exit_on_error=args.exit_on_error,
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+        http_restrictions=http_restrictions,
+        grpc_restrictions=grpc_restrictions,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

@@ -64,6 +64,9 @@ class Options:
     # Regular expressions of request headers forwarded to models as parameters ("": none).
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    # API category -> (header, value) that its requests must carry (restricted_api.py).
+    http_restrictions: dict = field(default_factory=dict)
+    grpc_restrictions: dict = field(default_factory=dict)
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -145,7 +148,8 @@ class Server:
             from shmserve.grpc.servicer import build_server
             self._grpc = build_server(
                 self.dataplane, opts.grpc_max_message_size, opts.max_inflight_per_connection,
-                header_forwarding.compile_pattern(opts.grpc_header_forward_pattern))
+                header_forwarding.compile_pattern(opts.grpc_header_forward_pattern),
+                opts.grpc_restrictions)
             await self._grpc.start(opts.grpc_address, opts.grpc_port)
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_server
@@ -159,7 +163,8 @@ class Server:
             from shmserve.http.app import build_server
             server = build_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
-                header_forwarding.compile_pattern(opts.http_header_forward_pattern))
+                header_forwarding.compile_pattern(opts.http_header_forward_pattern),
+                opts.http_restrictions)
             await server.start(opts.http_address, opts.http_port)
             self._http_servers.append(server)
 

@@ -11,7 +11,7 @@ import logging
 
 from google.protobuf import json_format
 
-from shmserve import header_forwarding, proto
+from shmserve import header_forwarding, proto, restricted_api
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
 from shmserve.errors import Code, ServerError
@@ -40,13 +40,40 @@ def _rpc_error(exc: ServerError) -> RpcError:
     return RpcError(STATUS.get(exc.code, transport.UNKNOWN), exc.message)
 
 
-def _unary(fn, with_context: bool = False):
+def _unary(fn, with_context: bool = False, restriction=None):
     async def handler(request, context):
+        if restriction is not None:
+            _check(restriction, context)
         try:
             return await (fn(request, context) if with_context else fn(request))
         except ServerError as exc:
             raise _rpc_error(exc) from None
     return handler
+
+
+def _streaming(fn, restriction):
+    async def handler(requests, context):
+        _check(restriction, context)
+        async for response in fn(requests, context):
+            yield response
+    return handler
+
+
+def _check(restriction: tuple, context) -> None:
+    if not restricted_api.allowed(restriction, context.invocation_metadata()):
+        raise RpcError(transport.UNAVAILABLE, restricted_api.refusal(restriction[0]))
+
+
+# The API category (restricted_api.py) of each method; the health service's Check is health.
+_CATEGORIES = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository", "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
 
 
 class InferenceServicer:
@@ -391,7 +418,7 @@ def _serialized(response: bytes) -> bytes:
     return response
 
 
-def _methods(service_name: str, servicer) -> dict:
+def _methods(service_name: str, servicer, restrictions: dict) -> dict:
     table = {}
     for name, req_cls, resp_cls, client_stream, server_stream in proto.methods(service_name):
         fn = getattr(servicer, name, None)
@@ -399,9 +426,15 @@ def _methods(service_name: str, servicer) -> dict:
             continue  # the transport answers UNIMPLEMENTED for methods without a handler
         if client_stream != server_stream:
             raise ValueError(f"{service_name}/{name}: one-sided streaming is not served")
+        category = _CATEGORIES.get(name, "shared-memory" if "SharedMemory" in name else None)
+        restriction = restrictions.get(category)
+        if client_stream:
+            handler = fn if restriction is None else _streaming(fn, restriction)
+        else:
+            handler = _unary(fn, with_context=name == "ModelInfer", restriction=restriction)
         # ModelInfer parses its request itself (codec.parse_model_infer_request).
         table[f"/{service_name}/{name}"] = Method(
-            handler=fn if client_stream else _unary(fn, with_context=name == "ModelInfer"),
+            handler=handler,
             deserialize=None if name == "ModelInfer" else req_cls.FromString,
             serialize=(_serialized if name in ("ModelInfer", "ModelStreamInfer")
                        else resp_cls.SerializeToString),
@@ -411,11 +444,13 @@ def _methods(service_name: str, servicer) -> dict:
 
 def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
-                 header_pattern=None) -> GrpcServer:
+                 header_pattern=None, restrictions: dict | None = None) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
-    as gRPC's own limit does."""
+    as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's
+    (restricted_api.parse_restrictions)."""
+    restrictions = restrictions or {}
     return GrpcServer({
         **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream,
-                                                         header_pattern)),
-        **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane)),
+                                                         header_pattern), restrictions),
+        **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane), restrictions),
     }, max_message_size)

@@ -8,10 +8,11 @@ import base64
 import binascii
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import orjson
 
-from shmserve import header_forwarding
+from shmserve import header_forwarding, restricted_api
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
@@ -255,33 +256,65 @@ def _json_body(request: Request) -> dict:
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
+class _Routes:
+    """The router, each route with its API category (restricted_api.py): a category that
+    --http-restricted-api restricts answers 403 to requests without its header."""
+
+    def __init__(self, router: Router, restrictions: dict):
+        self.router = router
+        self.restrictions = restrictions
+
+    def add(self, method: str, pattern: str, handler, category: str) -> None:
+        restriction = self.restrictions.get(category)
+        if restriction is not None:
+            handler = _guarded(handler, restriction)
+        self.router.add(method, pattern, handler)
+
+    def of(self, category: str):
+        """An object whose `add(method, pattern, handler)` puts routes in `category`."""
+        return SimpleNamespace(add=lambda method, pattern, handler:
+                               self.add(method, pattern, handler, category))
+
+
+def _guarded(handler, restriction: tuple):
+    async def guarded(request: Request):
+        if not restricted_api.allowed(restriction, request.headers.items()):
+            return error_response(403, restricted_api.refusal(restriction[0]))
+        return await handler(request)
+    return guarded
+
+
 def build_server(dataplane: DataPlane, max_input_size: int,
                  max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION,
-                 header_pattern=None) -> HttpServer:
+                 header_pattern=None, restrictions: dict | None = None) -> HttpServer:
     router = Router()
+    routes = _Routes(router, restrictions or {})
     r = HttpRoutes(dataplane, max_input_size, header_pattern)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
+    # The router tries a path's routes in the order they were added: inference first.
     for prefix in (m, mv):
-        router.add("POST", prefix + "/infer", r.infer)
-    router.add("GET", "/v2", r.server_metadata)
-    router.add("GET", "/v2/health/live", r.live)
-    router.add("GET", "/v2/health/ready", r.ready)
-    router.add("GET", "/v2/models/stats", r.model_stats)
-    router.add("GET", "/v2/logging", r.log_settings)
-    router.add("POST", "/v2/logging", r.log_settings)
+        routes.add("POST", prefix + "/infer", r.infer, "inference")
+    routes.add("GET", "/v2", r.server_metadata, "metadata")
+    routes.add("GET", "/v2/health/live", r.live, "health")
+    routes.add("GET", "/v2/health/ready", r.ready, "health")
+    routes.add("GET", "/v2/models/stats", r.model_stats, "statistics")
+    routes.add("GET", "/v2/logging", r.log_settings, "logging")
+    routes.add("POST", "/v2/logging", r.log_settings, "logging")
     for repository in ("/v2/repository", "/v2/repository/{repository}"):
-        router.add("POST", repository + "/index", r.repository_index)
-        router.add("POST", repository + "/models/{model}/load", r.repository_load)
-        router.add("POST", repository + "/models/{model}/unload", r.repository_unload)
+        routes.add("POST", repository + "/index", r.repository_index, "model-repository")
+        routes.add("POST", repository + "/models/{model}/load", r.repository_load,
+                   "model-repository")
+        routes.add("POST", repository + "/models/{model}/unload", r.repository_unload,
+                   "model-repository")
     for prefix in (m, mv):
-        router.add("GET", prefix, r.model_metadata)
-        router.add("GET", prefix + "/ready", r.model_ready)
-        router.add("GET", prefix + "/config", r.model_config)
-        router.add("GET", prefix + "/stats", r.model_stats)
-        router.add("POST", prefix + "/generate", r.generate)
-        router.add("POST", prefix + "/generate_stream", r.generate_stream)
-    shared_memory.add_routes(router, dataplane.shared_memory)
+        routes.add("GET", prefix, r.model_metadata, "metadata")
+        routes.add("GET", prefix + "/ready", r.model_ready, "health")
+        routes.add("GET", prefix + "/config", r.model_config, "model-config")
+        routes.add("GET", prefix + "/stats", r.model_stats, "statistics")
+        routes.add("POST", prefix + "/generate", r.generate, "inference")
+        routes.add("POST", prefix + "/generate_stream", r.generate_stream, "inference")
+    shared_memory.add_routes(routes.of("shared-memory"), dataplane.shared_memory)
 
     async def handle(request: Request) -> Response | None:
         try:

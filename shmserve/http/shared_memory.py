@@ -8,7 +8,6 @@ import orjson
 from shmserve.errors import invalid_arg
 from shmserve.http.codec import json_object
 from shmserve.http.http1 import Request, Response
-from shmserve.http.routing import Router
 from shmserve.shared_memory import SharedMemoryManager, decode_raw_handle
 
 
@@ -51,7 +50,8 @@ class SharedMemoryRoutes:
         return Response()
 
 
-def add_routes(router: Router, manager: SharedMemoryManager) -> None:
+def add_routes(router, manager: SharedMemoryManager) -> None:
+    """`router`: anything with `add(method, pattern, handler)` (a Router)."""
     r = SharedMemoryRoutes(manager)
     for kind, status, register, unnamed, unregister in (
             ("system", r.system_status, r.system_register, r.system_register_unnamed,
