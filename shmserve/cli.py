@@ -22,16 +22,28 @@ UNSUPPORTED_FLAGS = (
     "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
-    "metrics-config", "model-namespacing",
+    "metrics-config", "model-namespacing", "grpc-keepalive-permit-without-calls",
+    "grpc-max-connection-age", "grpc-max-connection-age-grace", "model-load-retry-count",
+    "sagemaker-safe-port-range",
+    # Tracing's older flags (--trace-config replaced them).
+    "trace-file", "trace-level", "trace-rate", "trace-count", "trace-log-frequency",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
-# pools, the Python backend's stub and shared-memory sizing, NUMA host policies, the GPU
-# compatibility floor): accepted, so that a Triton command line works unchanged, and the
-# log says they have no effect. None changes what a request gets.
+# and response pools, the Python backend's stub and shared-memory sizing, repository agents,
+# NUMA host policies, GPU peer access and limits, port reuse, limits on client pings):
+# accepted, so that a Triton command line works unchanged, and the log says they have no
+# effect. None changes what a well-behaved client's request gets.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
                    "backend-directory", "backend-config", "pinned-memory-pool-byte-size",
                    "cuda-memory-pool-byte-size", "buffer-manager-thread-count", "host-policy",
-                   "min-supported-compute-capability")
+                   "min-supported-compute-capability", "grpc-infer-allocation-pool-size",
+                   "grpc-max-response-pool-size", "repoagent-directory", "cache-directory",
+                   "model-load-gpu-limit", "enable-peer-access", "reuse-http-port",
+                   "reuse-grpc-port",
+                   # Limits on the pings a client may send: shmserve answers every PING.
+                   "grpc-http2-max-pings-without-data",
+                   "grpc-http2-min-recv-ping-interval-without-data",
+                   "grpc-http2-max-ping-strikes")
 
 
 def _bool(text: str) -> bool:

@@ -29,6 +29,8 @@ def test_defaults_match_tritonserver():
 @pytest.mark.parametrize("argv,fragment", [
     (["--model-repository=/r", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "does not support yet"),
+    (["--model-repository=/r", "--trace-level=TIMESTAMPS"], "does not support yet"),
+    (["--model-repository=/r", "--grpc-keepalive-time=1000"], "does not support yet"),
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),
@@ -143,7 +145,8 @@ def test_triton_tuning_flags_are_accepted_even_repeated(tmp_path):
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,stub-timeout-seconds=30",
             "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
-            "--min-supported-compute-capability=6.0", "--http-thread-count=8"]
+            "--min-supported-compute-capability=6.0", "--http-thread-count=8",
+            "--grpc-http2-max-ping-strikes=0", "--reuse-grpc-port=true"]
     options, args = parse_options(argv)
     assert args.backend_config == ["python,shm-default-byte-size=16777216",
                                    "python,stub-timeout-seconds=30"]
