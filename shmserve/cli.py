@@ -21,8 +21,8 @@ from shmserve.server import Options, Server, StartupError
 UNSUPPORTED_FLAGS = (
     "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
-    "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
-    "metrics-config", "model-namespacing", "grpc-keepalive-permit-without-calls",
+    "grpc-infer-response-compression-level",
+    "metrics-config", "model-namespacing",
     "grpc-max-connection-age", "grpc-max-connection-age-grace", "model-load-retry-count",
     "sagemaker-safe-port-range",
     # Tracing's older flags (--trace-config replaced them).
@@ -170,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{protocol}-header-forward-pattern", type=_pattern, default="",
                        metavar="REGEX", help=f"{protocol.upper()} request headers whose names "
                        "match are passed to the model as request parameters")
+    p.add_argument("--grpc-keepalive-time", type=_non_negative_int,
+                   default=defaults.grpc_keepalive_time_ms, metavar="MS",
+                   help="a PING to each client this often while it has calls open (0: never)")
+    p.add_argument("--grpc-keepalive-timeout", type=_positive_int,
+                   default=defaults.grpc_keepalive_timeout_ms, metavar="MS",
+                   help="close a connection whose client leaves a PING unanswered this long")
+    p.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False,
+                   metavar="BOOL", help="send the PINGs also while a connection has no call")
     for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
         p.add_argument(flag, action="append", default=[],
                        metavar="<category>[,<category>...]:<header>=<value>",
@@ -230,6 +238,9 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         http_restrictions=http_restrictions,
+        grpc_keepalive_time_ms=args.grpc_keepalive_time,
+        grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
         grpc_restrictions=grpc_restrictions,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,

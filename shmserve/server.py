@@ -67,6 +67,10 @@ class Options:
     # API category -> (header, value) that its requests must carry (restricted_api.py).
     http_restrictions: dict = field(default_factory=dict)
     grpc_restrictions: dict = field(default_factory=dict)
+    # gRPC keepalive PINGs (Triton's defaults; ms, as its flags).
+    grpc_keepalive_time_ms: int = 7_200_000
+    grpc_keepalive_timeout_ms: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -149,7 +153,9 @@ class Server:
             self._grpc = build_server(
                 self.dataplane, opts.grpc_max_message_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.grpc_header_forward_pattern),
-                opts.grpc_restrictions)
+                opts.grpc_restrictions,
+                (opts.grpc_keepalive_time_ms / 1000, opts.grpc_keepalive_timeout_ms / 1000,
+                 opts.grpc_keepalive_permit_without_calls))
             await self._grpc.start(opts.grpc_address, opts.grpc_port)
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_server

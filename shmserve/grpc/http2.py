@@ -130,7 +130,8 @@ class ServerConnection:
     - `on_end(sid)`: the client has sent all of the stream;
     - `on_reset(sid)`: the stream is gone (the client reset it, or it broke a stream rule);
     - `on_window()`: send windows may have grown;
-    - `on_goaway()`: the client is closing the connection.
+    - `on_goaway()`: the client is closing the connection;
+    - `on_ping_ack(payload)`: the client acknowledged a PING that `send_ping` sent.
 
     Sending on a stream that is no longer open does nothing: a call may end from both sides
     at once, and the later end has nothing left to say.
@@ -390,6 +391,12 @@ class ServerConnection:
             raise Http2Error(FRAME_SIZE_ERROR, "PING of the wrong size")
         if not flags & ACK:
             self._out.append(_frame(PING, ACK, 0, bytes(payload)))
+        else:
+            self.listener.on_ping_ack(bytes(payload))
+
+    def send_ping(self, payload: bytes) -> None:
+        """A PING (8 bytes of payload) the client must acknowledge."""
+        self._out.append(_frame(PING, 0, 0, payload))
 
     def _on_goaway(self, flags: int, sid: int, payload) -> None:
         if sid != 0:

@@ -444,13 +444,16 @@ def _methods(service_name: str, servicer, restrictions: dict) -> dict:
 
 def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
-                 header_pattern=None, restrictions: dict | None = None) -> GrpcServer:
+                 header_pattern=None, restrictions: dict | None = None,
+                 keepalive: tuple = (transport.KEEPALIVE_TIME_S, transport.KEEPALIVE_TIMEOUT_S,
+                                     False)) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's
-    (restricted_api.parse_restrictions)."""
+    (restricted_api.parse_restrictions); `keepalive`: (time s, timeout s, without calls)."""
     restrictions = restrictions or {}
     return GrpcServer({
         **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream,
                                                          header_pattern), restrictions),
         **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane), restrictions),
-    }, max_message_size)
+    }, max_message_size, keepalive_time=keepalive[0], keepalive_timeout=keepalive[1],
+        keepalive_without_calls=keepalive[2])

@@ -46,6 +46,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # (--max-inflight-per-connection, --max-open-streams); this one bounds per-connection state.
 MAX_CONCURRENT_STREAMS = 65536
 MAX_HEADER_LIST_SIZE = 65536
+# Keepalive defaults: Triton's --grpc-keepalive-time (2 h) and --grpc-keepalive-timeout (20 s).
+KEEPALIVE_TIME_S = 7200.0
+KEEPALIVE_TIMEOUT_S = 20.0
+_KEEPALIVE_PING = b"shmsrvka"
 
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 _OK_TRAILERS = ((b"grpc-status", b"0"),)
@@ -140,6 +144,7 @@ class _Connection(asyncio.Protocol):
         self._silent: asyncio.TimerHandle | None = None
         self._peer_leaving = False
         self._window_waiters: list = []  # futures of calls waiting for a send window
+        self._keepalive: asyncio.TimerHandle | None = None  # next PING, or its deadline
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -152,6 +157,7 @@ class _Connection(asyncio.Protocol):
         self.flush()
         self._silent = asyncio.get_running_loop().call_later(self.server.handshake_timeout,
                                                               transport.close)
+        self._arm_keepalive()
 
     def data_received(self, data: bytes) -> None:
         if self._silent is not None:
@@ -170,6 +176,8 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._silent is not None:
             self._silent.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         for call in list(self.calls.values()):
             self._drop(call)
         if self._paused is not None and not self._paused.done():
@@ -360,6 +368,37 @@ class _Connection(asyncio.Protocol):
                 if not waiter.done():
                     waiter.set_result(None)
 
+    # Keepalive: a PING every `keepalive_time` while calls are open (or always, if
+    # permitted), and the connection closes when one goes unanswered for `keepalive_timeout`:
+    # a peer that vanished without closing (a dead host, a dropped NAT entry) frees its calls.
+    def _arm_keepalive(self) -> None:
+        server = self.server
+        if server.keepalive_time:
+            self._keepalive = asyncio.get_running_loop().call_later(server.keepalive_time,
+                                                                    self._ping)
+
+    def _ping(self) -> None:
+        if self.transport.is_closing():
+            return
+        if not (self.calls or self.server.keepalive_without_calls):
+            self._arm_keepalive()
+            return
+        self.http2.send_ping(_KEEPALIVE_PING)
+        self.flush()
+        self._keepalive = asyncio.get_running_loop().call_later(
+            self.server.keepalive_timeout, self._ping_unanswered)
+
+    def _ping_unanswered(self) -> None:
+        log.debug("gRPC connection closed: keepalive PING unanswered for %g s",
+                  self.server.keepalive_timeout)
+        self._keepalive = None
+        self.transport.close()
+
+    def on_ping_ack(self, payload: bytes) -> None:
+        if payload == _KEEPALIVE_PING and self._keepalive is not None:
+            self._keepalive.cancel()
+            self._arm_keepalive()
+
     def on_goaway(self) -> None:
         """The client opens no more calls; those in flight still get their answers."""
         self._peer_leaving = True
@@ -503,10 +542,18 @@ class GrpcServer:
     """Serves `methods` ({"/package.Service/Method": Method}) on one TCP address."""
 
     def __init__(self, methods: dict, max_message_size: int,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S):
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+                 keepalive_time: float = KEEPALIVE_TIME_S,
+                 keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
+                 keepalive_without_calls: bool = False):
+        """Keepalive (seconds; a time of 0 sends no PINGs): gRPC's server settings, with
+        Triton's defaults."""
         self.methods = {path.encode(): method for path, method in methods.items()}
         self.max_message_size = max_message_size
         self.handshake_timeout = handshake_timeout
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
+        self.keepalive_without_calls = keepalive_without_calls
         self.connections: set = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None

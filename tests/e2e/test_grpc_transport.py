@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import start_server, stop_server
 from tests.e2e.test_streaming import metric
 
 
@@ -146,6 +147,32 @@ def test_keepalive_pings_are_answered(server):
         _assert_add_sub(client)
         time.sleep(1.0)  # pings go out while idle; unanswered ones would close the channel
         _assert_add_sub(client)
+
+
+def test_a_client_answers_the_servers_keepalive_pings(test_repository, tmp_path):
+    """grpcio's client acknowledges our PINGs: with a PING every 100 ms and 500 ms to answer,
+    an idle connection stays up, and a socket that never answers is closed."""
+    server = start_server(test_repository, str(tmp_path / "s.log"),
+                          "--model-control-mode=explicit", "--load-model=add_sub",
+                          "--grpc-keepalive-time=100", "--grpc-keepalive-timeout=500",
+                          "--grpc-keepalive-permit-without-calls=true",
+                          wait_models=("add_sub",))
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            _assert_add_sub(client)
+            time.sleep(1.0)
+            _assert_add_sub(client)
+        with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5) as sock:
+            h2_client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            h2_client.initiate_connection()
+            sock.sendall(h2_client.data_to_send())  # then never reads or answers
+            deadline = time.monotonic() + 5
+            closed = False
+            while time.monotonic() < deadline and not closed:
+                closed = sock.recv(65536) == b""
+            assert closed
+    finally:
+        stop_server(server)
 
 
 def test_calls_from_many_threads_at_once(clients):

@@ -30,7 +30,6 @@ def test_defaults_match_tritonserver():
     (["--model-repository=/r", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "does not support yet"),
     (["--model-repository=/r", "--trace-level=TIMESTAMPS"], "does not support yet"),
-    (["--model-repository=/r", "--grpc-keepalive-time=1000"], "does not support yet"),
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),

@@ -174,3 +174,47 @@ def test_a_connection_that_never_speaks_is_closed():
         await asyncio.sleep(0.2)
         return quiet.closed, talking.closed
     assert asyncio.run(main()) == (True, False)
+
+
+# -- keepalive ---------------------------------------------------------------------------------
+
+def _keepalive(without_calls: bool, answer: bool) -> tuple:
+    """(PINGs the client saw, whether the server closed) after a while on a connection with
+    no call, keepalive every 20 ms with a 60 ms timeout."""
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            keepalive_time=0.02, keepalive_timeout=0.06,
+                            keepalive_without_calls=without_calls)
+        sock = _Socket()
+        conn = transport._Connection(server)
+        conn.connection_made(sock)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        conn.data_received(client.data_to_send())
+        pings = 0
+        for _ in range(30):
+            await asyncio.sleep(0.01)
+            if sock.out:
+                data, sock.out[:] = bytes(sock.out), b""
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.PingReceived):
+                        pings += 1
+                if answer:  # h2 acknowledges a PING by itself
+                    conn.data_received(client.data_to_send())
+            if sock.closed:
+                break
+        closed = sock.closed
+        conn.connection_lost(None)
+        return pings, closed
+    return asyncio.run(main())
+
+
+def test_keepalive_pings_an_idle_connection_only_when_permitted():
+    assert _keepalive(without_calls=False, answer=True) == (0, False)
+    pings, closed = _keepalive(without_calls=True, answer=True)
+    assert pings >= 3 and not closed  # answered: the PINGs go on
+
+
+def test_a_keepalive_ping_left_unanswered_closes_the_connection():
+    pings, closed = _keepalive(without_calls=True, answer=False)
+    assert pings == 1 and closed

@@ -49,6 +49,9 @@ class Listener:
     def on_goaway(self):
         self.events.append(("goaway",))
 
+    def on_ping_ack(self, payload):
+        self.events.append(("ping_ack", payload))
+
 
 def server(**overrides) -> tuple:
     options = dict(max_concurrent_streams=100, stream_window=1 << 20, connection_window=1 << 22,
