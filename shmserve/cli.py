@@ -23,7 +23,7 @@ UNSUPPORTED_FLAGS = (
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level",
     "metrics-config", "model-namespacing",
-    "grpc-max-connection-age", "grpc-max-connection-age-grace", "model-load-retry-count",
+    "grpc-max-connection-age", "grpc-max-connection-age-grace",
     "sagemaker-safe-port-range",
     # Tracing's older flags (--trace-config replaced them).
     "trace-file", "trace-level", "trace-rate", "trace-count", "trace-log-frequency",
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--id", default="shmserve", dest="server_id")
     p.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--model-load-retry-count", type=_non_negative_int, default=0, metavar="N",
+                   help="try a model version that failed to load this many more times")
     p.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
                    help="exit when a model fails to load at startup (default true, as "
                         "Triton); false serves the models that did load")
@@ -235,6 +237,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
+        model_load_retry_count=args.model_load_retry_count,
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         http_restrictions=http_restrictions,

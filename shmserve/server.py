@@ -61,6 +61,7 @@ class Options:
     cache_size: int = 0
     # Triton's: a model that fails to load at startup stops the server from starting.
     exit_on_error: bool = True
+    model_load_retry_count: int = 0  # more tries for a version that failed to load
     # Regular expressions of request headers forwarded to models as parameters ("": none).
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
@@ -94,6 +95,7 @@ class Server:
         self.loader = Loader(self.registry, options.model_repository[0],
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
+                             load_retries=options.model_load_retry_count,
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

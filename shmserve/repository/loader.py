@@ -47,7 +47,9 @@ def gpu_count() -> int:
 class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
-                 disable_auto_complete=False):
+                 disable_auto_complete=False, load_retries: int = 0):
+        """`load_retries`: how many more times a version that failed to load is tried
+        (Triton's --model-load-retry-count)."""
         self.registry = registry
         self.repository = os.path.abspath(repository)
         self._config_name = config_name
@@ -56,6 +58,7 @@ class Loader:
         self._on_pool_ready = on_pool_ready
         self._on_pool_stopped = on_pool_stopped
         self._auto_complete = not disable_auto_complete
+        self.load_retries = load_retries
         # Runs an ensemble's steps (DataPlane.run_step); set by the server.
         self.step_runner = None
         # Serves the models' calls into the server (server_calls.ServerCalls); set by the server.
@@ -123,6 +126,18 @@ class Loader:
         else:
             loaded = await asyncio.gather(*(self._load_version(rec, entry, config, v)
                                             for v in to_load))
+            for attempt in range(1, self.load_retries + 1):
+                failed = [i for i, mv in enumerate(loaded) if not mv.ready]
+                if not failed:
+                    break
+                log.info("model '%s': retrying the load of version(s) %s (%d of %d)",
+                         entry.name, ", ".join(str(loaded[i].version) for i in failed),
+                         attempt, self.load_retries)
+                again = await asyncio.gather(*(self._load_version(rec, entry, config,
+                                                                  loaded[i].version)
+                                               for i in failed))
+                for i, mv in zip(failed, again):
+                    loaded[i] = mv
         retired = _install(rec, loaded)
         failures = [f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
                     for mv in loaded if not mv.ready]
@@ -199,7 +214,7 @@ class Loader:
                 for _ in range(group.count):
                     workers.append(WorkerHandle(
                         model_name=entry.name, model_version=version, model_dir=entry.path,
-                        model_repository=self.repository, model_config=config_json,
+                        model_repository=entry.path, model_config=config_json,
                         instance_name=f"{group.name}_{index}", instance_kind=kind,
                         device_id=device if kind == "GPU" else 0,
                         on_exit=self._on_instance_exit, on_server_call=self.server_calls))

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import ROOT, start_server, stop_server
 
 SCALE_MODEL = '''
 import json
@@ -446,4 +446,22 @@ def test_poll_mode_loads_a_new_ensemble_after_its_new_steps(tmp_path):
         assert http.infer("pipeline", [inp]).as_numpy("OUTPUT0").tolist() == [4.0, 8.0]
     finally:
         http.close()
+        stop_server(server)
+
+
+# -- --model-load-retry-count --------------------------------------------------------------------
+
+@pytest.mark.parametrize("retries, ready", [(2, True), (1, False)])
+def test_a_version_that_fails_to_load_is_retried(tmp_path, retries, ready):
+    """flaky_init fails its first two initializations (tests/models/_flaky_init)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "_flaky_init"), repo / "flaky_init")
+    server = start_server(str(repo), str(tmp_path / "s.log"),
+                          f"--model-load-retry-count={retries}")
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert client.is_model_ready("flaky_init") == ready
+        attempts = int((repo / "flaky_init" / "attempts").read_text())
+        assert attempts == retries + 1
+    finally:
         stop_server(server)
