@@ -231,22 +231,14 @@ class DataPlane:
             raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
-        cache = self.response_cache
         key = None
         # Requests with tensors in shared memory are not cached: a client may rewrite a
         # region between requests that look the same.
-        if cache is not None and mv.config.response_cache.enable and not work.regions:
-            looked = time.perf_counter_ns()
-            classes = _classifications(request) if request.outputs else None
-            asked = work.requested_outputs if not classes else [
-                f"{name}:{classes.get(name, 0)}" for name in work.requested_outputs]
-            key = request_key(mv.name, mv.version, work.inputs, asked)
-            hit = cache.lookup(key)
-            now = time.perf_counter_ns()
+        if self.response_cache is not None and mv.config.response_cache.enable \
+                and not work.regions:
+            key, hit = self._cache_lookup(request, mv, work, started)
             if hit is not None:
-                mv.stats.record_cache_hit(now - started, now - looked)
-                return _cached_response(request, mv, hit)
-            mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
+                return hit
         mv.stats.inflight += 1
         _hold_regions(work)
         try:
@@ -256,12 +248,30 @@ class DataPlane:
             _release_regions(work)
         response = _response(request, mv, response)
         if key is not None:
-            inserting = time.perf_counter_ns()
-            cache.insert(key, CachedResponse(
-                [(o.name, o.datatype, list(o.shape), bytes(o.data)) for o in response.outputs],
-                dict(response.parameters)))
-            mv.stats.cache_miss.add(time.perf_counter_ns() - inserting, count=0)
+            self._cache_insert(key, mv, response)
         return response
+
+    def _cache_lookup(self, request: InferRequest, mv, work, started: int) -> tuple:
+        """(the request's cache key, the cached response or None)."""
+        looked = time.perf_counter_ns()
+        classes = _classifications(request) if request.outputs else None
+        asked = work.requested_outputs if not classes else [
+            f"{name}:{classes.get(name, 0)}" for name in work.requested_outputs]
+        key = request_key(mv.name, mv.version, work.inputs, asked)
+        hit = self.response_cache.lookup(key)
+        now = time.perf_counter_ns()
+        if hit is None:
+            mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
+            return key, None
+        mv.stats.record_cache_hit(now - started, now - looked)
+        return key, _cached_response(request, mv, hit)
+
+    def _cache_insert(self, key: bytes, mv, response: InferResponse) -> None:
+        inserting = time.perf_counter_ns()
+        self.response_cache.insert(key, CachedResponse(
+            [(o.name, o.datatype, list(o.shape), bytes(o.data)) for o in response.outputs],
+            dict(response.parameters)))
+        mv.stats.cache_miss.add(time.perf_counter_ns() - inserting, count=0)
 
     async def stream(self, request: InferRequest):
         """The responses of one request, as an async iterator of StreamedResponse, for any model
