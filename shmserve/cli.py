@@ -21,8 +21,7 @@ from shmserve.server import Options, Server, StartupError
 UNSUPPORTED_FLAGS = (
     "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
-    "grpc-infer-response-compression-level",
-    "metrics-config", "model-namespacing",
+    "grpc-infer-response-compression-level", "model-namespacing",
     "grpc-max-connection-age", "grpc-max-connection-age-grace",
     "sagemaker-safe-port-range",
     # Tracing's older flags (--trace-config replaced them).
@@ -162,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "max_queue_size; more are refused UNAVAILABLE 'Exceeds maximum queue "
                         f"size'; 0 is unbounded, as Triton (default "
                         f"{defaults.max_queue_size_default})")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="counter_latencies=<bool> (default true), histogram_latencies=<bool> "
+                        "(default false)")
     p.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -225,6 +227,19 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_restrictions = restricted_api.parse_restrictions(args.grpc_restricted_protocol)
     except restricted_api.RestrictionError as exc:
         build_parser().error(str(exc))
+    metrics = {"counter_latencies": True, "histogram_latencies": False}
+    for setting in args.metrics_config:
+        key, _, value = setting.partition("=")
+        if key in ("summary_latencies", "summary_quantiles"):
+            build_parser().error(f"--metrics-config {key}: shmserve does not support latency "
+                                 f"summaries yet")
+        if key not in metrics:
+            build_parser().error(f"--metrics-config: unknown setting '{key}' (one of "
+                                 f"{', '.join(metrics)})")
+        try:
+            metrics[key] = _bool(value)
+        except argparse.ArgumentTypeError as exc:
+            build_parser().error(f"--metrics-config {key}: {exc}")
     if args.response_cache_byte_size is not None and not args.cache_config:
         cache_size = args.response_cache_byte_size
     options = Options(
@@ -260,6 +275,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         allow_gpu_metrics=args.allow_gpu_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
+        metrics_counter_latencies=metrics["counter_latencies"],
+        metrics_histogram_latencies=metrics["histogram_latencies"],
         allow_client_shm=args.allow_client_shm,
         cache_size=cache_size,
         grpc_max_message_size=args.grpc_max_message_size,

@@ -57,10 +57,14 @@ class DataPlane:
                  max_tensor_byte_size: int = MAX_TENSOR_BYTE_SIZE,
                  max_queue_size_default: int = MAX_QUEUE_SIZE_DEFAULT,
                  max_open_streams: int = MAX_OPEN_STREAMS,
-                 response_cache: ResponseCache | None = None):
-        """`response_cache`: the server's (--cache-config), used by models that enable it."""
+                 response_cache: ResponseCache | None = None,
+                 first_response_histogram: bool = False):
+        """`response_cache`: the server's (--cache-config), used by models that enable it;
+        `first_response_histogram`: time each request's first response (--metrics-config
+        histogram_latencies=true)."""
         self.registry = registry
         self.response_cache = response_cache
+        self.first_response_histogram = first_response_histogram
         self.models = models  # a repository.manager.ModelManager: the repository API
         self.shared_memory = shared_memory
         self.server_id = server_id
@@ -264,6 +268,8 @@ class DataPlane:
             mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
             return key, None
         mv.stats.record_cache_hit(now - started, now - looked)
+        if self.first_response_histogram:
+            mv.stats.record_first_response(now - started)
         return key, _cached_response(request, mv, hit)
 
     def _cache_insert(self, key: bytes, mv, response: InferResponse) -> None:
@@ -338,6 +344,7 @@ class DataPlane:
         run.add_done_callback(functools.partial(_end_of_execution, stream))
         stats = mv.stats
         failed = False
+        first = self.first_response_histogram
         try:
             while True:
                 try:
@@ -345,6 +352,9 @@ class DataPlane:
                 except ServerError:
                     failed = True
                     raise
+                if first:
+                    first = False
+                    stats.record_first_response(time.perf_counter_ns() - started)
                 if response is not None and response.error is not None:
                     failed = failed or final
                     _log_failure(logging.WARNING, mv, request.id, response.error)
@@ -416,11 +426,13 @@ class DataPlane:
                 stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
                 _log_failure(logging.WARNING, mv, work.request_id, response.error)
                 raise response.error
-            stats.record_success(batch_size=batch_size,
-                                 request_ns=time.perf_counter_ns() - started,
+            request_ns = time.perf_counter_ns() - started
+            stats.record_success(batch_size=batch_size, request_ns=request_ns,
                                  queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
                                  compute_infer_ns=timings.compute_infer_ns,
                                  compute_output_ns=timings.compute_output_ns)
+            if self.first_response_histogram:
+                stats.record_first_response(request_ns)
         return response, queue_ns, timings
 
 

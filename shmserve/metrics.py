@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.registry import Registry
-from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
+from shmserve.stats import FIRST_RESPONSE_BOUNDS_MS, REQUEST_DURATION_BOUNDS_NS
 
 log = logging.getLogger("shmserve")
 
@@ -35,8 +35,13 @@ class CounterMetricFamily(Metric):
 
 
 class ModelMetricsCollector:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, *, counter_latencies: bool = True,
+                 histogram_latencies: bool = False):
+        """The --metrics-config switches: the cumulative duration counters (on by default)
+        and the first-response histogram (off by default), as in Triton."""
         self._registry = registry
+        self._counter_latencies = counter_latencies
+        self._histogram_latencies = histogram_latencies
 
     def collect(self):
         labels = ["model", "version"]
@@ -85,6 +90,9 @@ class ModelMetricsCollector:
                                            "Total cache miss (insert+lookup) duration per model, "
                                            "in microseconds", labels=labels),
         }
+        first_response = HistogramMetricFamily(
+            "nv_inference_first_response_histogram_ms",
+            "Duration from request to first response in milliseconds", labels=labels)
         cached_models = 0
         for mv in self._registry.all_versions():
             lv = [mv.name, str(mv.version)]
@@ -104,17 +112,28 @@ class ModelMetricsCollector:
             request_hist.add_metric(lv, _request_buckets(s.request_buckets),
                                     (s.success.ns + s.fail.ns) / 1e9)
             batch_hist.add_metric(lv, *_batch_buckets(s.batches))
+            first_response.add_metric(lv, _first_response_buckets(s.first_response_buckets),
+                                      s.first_response_ns / 1e6)
             if mv.config.response_cache.enable:
                 cached_models += 1
                 cache["hits"].add_metric(lv, s.cache_hit.count)
                 cache["misses"].add_metric(lv, s.cache_miss.count)
                 cache["hit_us"].add_metric(lv, s.cache_hit.ns // 1000)
                 cache["miss_us"].add_metric(lv, s.cache_miss.ns // 1000)
-        yield from (success, failure, count, exec_count, pending, *durations.values(), load,
-                    request_hist, batch_hist)
+        yield from (success, failure, count, exec_count, pending)
+        if self._counter_latencies:
+            yield from durations.values()
+        yield from (load, request_hist, batch_hist)
+        if self._histogram_latencies:
+            yield first_response
         if cached_models:
             yield from cache.values()
 
+
+
+def _first_response_buckets(counts: list) -> list:
+    bounds = [str(ms) for ms in FIRST_RESPONSE_BOUNDS_MS] + ["+Inf"]
+    return list(zip(bounds, itertools.accumulate(counts)))
 
 
 def _request_buckets(counts: list) -> list:
@@ -363,10 +382,13 @@ def exposition(prom: CollectorRegistry) -> bytes:
 
 
 def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
-                         allow_gpu_metrics: bool = True, interval_ms: int = 2000) -> HttpServer:
+                         allow_gpu_metrics: bool = True, interval_ms: int = 2000,
+                         counter_latencies: bool = True,
+                         histogram_latencies: bool = False) -> HttpServer:
     interval_s = interval_ms / 1000.0
     prom = CollectorRegistry(auto_describe=False)
-    prom.register(ModelMetricsCollector(registry))
+    prom.register(ModelMetricsCollector(registry, counter_latencies=counter_latencies,
+                                        histogram_latencies=histogram_latencies))
     prom.register(CustomMetricsCollector(registry))
     if allow_cpu_metrics and os.path.exists("/proc/stat"):
         prom.register(Throttled(CpuMetricsCollector(), interval_s))

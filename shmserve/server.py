@@ -56,6 +56,10 @@ class Options:
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # --metrics-config: Triton's cumulative latency counters (on) and first-response
+    # histogram (off).
+    metrics_counter_latencies: bool = True
+    metrics_histogram_latencies: bool = False
     allow_client_shm: bool = True
     # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     cache_size: int = 0
@@ -112,7 +116,10 @@ class Server:
                                    max_queue_size_default=options.max_queue_size_default,
                                    max_open_streams=options.max_open_streams,
                                    response_cache=(ResponseCache(options.cache_size)
-                                                   if options.cache_size else None))
+                                                   if options.cache_size else None),
+                                   first_response_histogram=(
+                                       options.allow_metrics
+                                       and options.metrics_histogram_latencies))
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []
@@ -164,7 +171,9 @@ class Server:
             server = build_metrics_server(self.registry,
                                           allow_cpu_metrics=opts.allow_cpu_metrics,
                                           allow_gpu_metrics=opts.allow_gpu_metrics,
-                                          interval_ms=opts.metrics_interval_ms)
+                                          interval_ms=opts.metrics_interval_ms,
+                                          counter_latencies=opts.metrics_counter_latencies,
+                                          histogram_latencies=opts.metrics_histogram_latencies)
             await server.start(opts.metrics_address, opts.metrics_port)
             self._http_servers.append(server)
         if opts.allow_http:

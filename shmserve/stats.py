@@ -8,6 +8,10 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+# Triton's nv_inference_first_response_histogram_ms buckets (ms), in ns.
+FIRST_RESPONSE_BOUNDS_MS = (100, 500, 2000, 5000)
+_FIRST_RESPONSE_BOUNDS_NS = tuple(ms * 1_000_000 for ms in FIRST_RESPONSE_BOUNDS_MS)
+
 # Upper bounds (inclusive, as Prometheus' `le`) of the request-duration histogram's buckets, in
 # ns so that recording compares integers: 100 us to 1 min, covering shared-memory requests of a
 # few microseconds' overhead as well as slow generative models. The last bucket is +Inf.
@@ -56,6 +60,15 @@ class ModelStats:
     # Requests, successful or failed, per request-duration bucket (not cumulative).
     request_buckets: list = field(
         default_factory=lambda: [0] * (len(REQUEST_DURATION_BOUNDS_NS) + 1))
+    # Time to a request's first response, per FIRST_RESPONSE_BOUNDS_MS bucket (not
+    # cumulative), and its sum; kept only with --metrics-config histogram_latencies=true.
+    first_response_buckets: list = field(
+        default_factory=lambda: [0] * (len(FIRST_RESPONSE_BOUNDS_MS) + 1))
+    first_response_ns: int = 0
+
+    def record_first_response(self, ns: int) -> None:
+        self.first_response_buckets[bisect_left(_FIRST_RESPONSE_BOUNDS_NS, ns)] += 1
+        self.first_response_ns += ns
 
     def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,
                        compute_input_ns: int, compute_infer_ns: int,

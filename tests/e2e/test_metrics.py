@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, metric_samples, wait_for_models
+from tests.conftest import ROOT, metric_samples, start_server, stop_server, wait_for_models
 
 # Triton's GPU families (reference section 6): absent where the server sees no GPU.
 GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
@@ -151,3 +151,28 @@ def test_a_models_custom_metrics_show_on_the_endpoint_summed_over_its_instances(
     assert buckets == {"1.0": 1, "10.0": 3, "+Inf": 4}
     assert samples[("probe_values_count", labels)] == 4
     assert samples[("probe_values_sum", labels)] == sum(values)
+
+
+def test_metrics_config_histogram_latencies_times_first_responses(test_repository, tmp_path):
+    """With histogram_latencies=true each request's first response is timed, a decoupled
+    model's too; with counter_latencies=false the duration counters go."""
+    server = start_server(test_repository, str(tmp_path / "s.log"),
+                          "--model-control-mode=explicit", "--load-model=identity_batch",
+                          "--load-model=repeat", "--metrics-config=histogram_latencies=true",
+                          "--metrics-config=counter_latencies=false",
+                          wait_models=("identity_batch", "repeat"))
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.infer("identity_batch", [fp32("INPUT0", np.ones((1, 2), np.float32))])
+        body = json.dumps({"IN": [1, 2, 3]}).encode()
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/repeat/generate_stream", data=body,
+            method="POST")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            r.read()
+        samples = scrape(server)
+        for model in ("identity_batch", "repeat"):
+            assert value(samples, "nv_inference_first_response_histogram_ms_count", model) == 1
+        assert not any(name.endswith("_duration_us") for name, _ in samples)
+    finally:
+        stop_server(server)

@@ -33,6 +33,10 @@ def test_defaults_match_tritonserver():
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),
+    (["--model-repository=/r", "--metrics-config=summary_latencies=true"], "summaries"),
+    (["--model-repository=/r", "--metrics-config=colour=blue"], "unknown setting"),
+    (["--model-repository=/r", "--metrics-config=histogram_latencies=maybe"],
+     "expected true or false"),
     (["--model-repository=/r", "--load-model=*", "--load-model=a"], "must be the only"),
     ([], "--model-repository"),
 ])
@@ -150,3 +154,12 @@ def test_triton_tuning_flags_are_accepted_even_repeated(tmp_path):
     assert args.backend_config == ["python,shm-default-byte-size=16777216",
                                    "python,stub-timeout-seconds=30"]
     assert options.model_repository == [str(tmp_path / "missing")]
+
+
+def test_metrics_config():
+    options, _ = parse_options(["--model-repository=/r",
+                                "--metrics-config=counter_latencies=false",
+                                "--metrics-config=histogram_latencies=true"])
+    assert not options.metrics_counter_latencies and options.metrics_histogram_latencies
+    options, _ = parse_options(["--model-repository=/r"])
+    assert options.metrics_counter_latencies and not options.metrics_histogram_latencies

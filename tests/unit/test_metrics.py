@@ -309,3 +309,22 @@ def test_counter_headers_name_the_counter_as_its_samples_do():
     assert "# HELP nv_inference_request_success Number of successful" in text
     assert "_total" not in text
     assert text == exposition(prom).decode()  # nothing else changes between scrapes
+
+
+def test_metrics_config_switches_the_latency_counters_and_the_first_response_histogram():
+    stats = ModelStats()
+    succeed(stats, 1000)
+    stats.record_first_response(150 * MS)
+    stats.record_first_response(6000 * MS)
+    default = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    assert any(n == "nv_inference_request_duration_us" for n, _ in default)
+    assert not any(n.startswith("nv_inference_first_response") for n, _ in default)
+    switched = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats)),
+                                            counter_latencies=False, histogram_latencies=True))
+    assert not any(n.endswith("_duration_us") for n, _ in switched)
+    buckets = {dict(labels)["le"]: v for (n, labels), v in switched.items()
+               if n == "nv_inference_first_response_histogram_ms_bucket"}
+    assert buckets == {"100": 0, "500": 1, "2000": 1, "5000": 1, "+Inf": 2}
+    key = (("model", "m"), ("version", "1"))
+    assert switched[("nv_inference_first_response_histogram_ms_sum", key)] == 6150
+    assert switched[("nv_inference_first_response_histogram_ms_count", key)] == 2
