@@ -21,6 +21,7 @@ def start(channel) -> None:
 
 
 def _report(channel) -> None:
+    pb_utils._families_exist.wait()  # most models have no metrics of their own
     reported = 0
     while True:
         time.sleep(REPORT_INTERVAL_S)

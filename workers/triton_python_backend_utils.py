@@ -852,6 +852,7 @@ class MetricKind(enum.IntEnum):
 # reports them to the front when the count moved (workers/metrics_report.py).
 _families: list = []
 _metric_changes = 0
+_families_exist = threading.Event()  # the report thread sleeps until the first family
 
 
 def _metrics_snapshot() -> tuple[int, list]:
@@ -948,6 +949,7 @@ class MetricFamily:
         self._metrics: dict[tuple, Metric] = {}
         self._lock = threading.Lock()
         _families.append(self)
+        _families_exist.set()
 
     def Metric(self, labels=None, buckets=None):  # noqa: N802 (Triton's name)
         labels = {} if labels is None else labels
