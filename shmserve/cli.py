@@ -19,11 +19,10 @@ from shmserve.server import Options, Server, StartupError
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
+    "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port",
+    "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "model-namespacing",
-    "grpc-max-connection-age", "grpc-max-connection-age-grace",
-    "sagemaker-safe-port-range",
     # Tracing's older flags (--trace-config replaced them).
     "trace-file", "trace-level", "trace-rate", "trace-count", "trace-log-frequency",
 )
@@ -182,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a connection whose client leaves a PING unanswered this long")
     p.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False,
                    metavar="BOOL", help="send the PINGs also while a connection has no call")
+    p.add_argument("--grpc-max-connection-age", type=_non_negative_int, default=0,
+                   metavar="MS", help="send GOAWAY to a connection this old, so that its "
+                                      "client reconnects (0, the default: never)")
+    p.add_argument("--grpc-max-connection-age-grace", type=_non_negative_int, default=0,
+                   metavar="MS", help="then close it this much later if calls are still "
+                                      "open (0: once they end)")
     for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
         p.add_argument(flag, action="append", default=[],
                        metavar="<category>[,<category>...]:<header>=<value>",
@@ -260,6 +265,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_keepalive_time_ms=args.grpc_keepalive_time,
         grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
         grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_max_connection_age_ms=args.grpc_max_connection_age,
+        grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

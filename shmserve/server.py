@@ -76,6 +76,9 @@ class Options:
     grpc_keepalive_time_ms: int = 7_200_000
     grpc_keepalive_timeout_ms: int = 20_000
     grpc_keepalive_permit_without_calls: bool = False
+    # GOAWAY to connections older than this (ms; 0: no limit), closed after the grace.
+    grpc_max_connection_age_ms: int = 0
+    grpc_max_connection_age_grace_ms: int = 0
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -164,7 +167,9 @@ class Server:
                 header_forwarding.compile_pattern(opts.grpc_header_forward_pattern),
                 opts.grpc_restrictions,
                 (opts.grpc_keepalive_time_ms / 1000, opts.grpc_keepalive_timeout_ms / 1000,
-                 opts.grpc_keepalive_permit_without_calls))
+                 opts.grpc_keepalive_permit_without_calls),
+                (opts.grpc_max_connection_age_ms / 1000,
+                 opts.grpc_max_connection_age_grace_ms / 1000))
             await self._grpc.start(opts.grpc_address, opts.grpc_port)
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_server

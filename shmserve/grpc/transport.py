@@ -142,7 +142,8 @@ class _Connection(asyncio.Protocol):
         self._paused: asyncio.Future | None = None
         self._flush_scheduled = False
         self._silent: asyncio.TimerHandle | None = None
-        self._peer_leaving = False
+        self._leaving = False  # GOAWAY sent or received: close once the calls end
+        self._aging: asyncio.TimerHandle | None = None  # --grpc-max-connection-age
         self._window_waiters: list = []  # futures of calls waiting for a send window
         self._keepalive: asyncio.TimerHandle | None = None  # next PING, or its deadline
 
@@ -155,9 +156,11 @@ class _Connection(asyncio.Protocol):
             max_header_list_size=MAX_HEADER_LIST_SIZE)
         self.server.connections.add(self)
         self.flush()
-        self._silent = asyncio.get_running_loop().call_later(self.server.handshake_timeout,
-                                                              transport.close)
+        loop = asyncio.get_running_loop()
+        self._silent = loop.call_later(self.server.handshake_timeout, transport.close)
         self._arm_keepalive()
+        if self.server.max_connection_age:
+            self._aging = loop.call_later(self.server.max_connection_age, self._age_out)
 
     def data_received(self, data: bytes) -> None:
         if self._silent is not None:
@@ -178,6 +181,8 @@ class _Connection(asyncio.Protocol):
             self._silent.cancel()
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self._aging is not None:
+            self._aging.cancel()
         for call in list(self.calls.values()):
             self._drop(call)
         if self._paused is not None and not self._paused.done():
@@ -399,9 +404,21 @@ class _Connection(asyncio.Protocol):
             self._keepalive.cancel()
             self._arm_keepalive()
 
+    def _age_out(self) -> None:
+        """The connection is old enough: GOAWAY, so that the client opens a new one (and a
+        load balancer sees it); calls in flight finish, for at most the grace."""
+        self._aging = None
+        self.goaway()
+        self._leaving = True
+        if not self.calls:
+            self.transport.close()
+        elif self.server.max_connection_age_grace:
+            self._aging = asyncio.get_running_loop().call_later(
+                self.server.max_connection_age_grace, self.transport.close)
+
     def on_goaway(self) -> None:
         """The client opens no more calls; those in flight still get their answers."""
-        self._peer_leaving = True
+        self._leaving = True
         if not self.calls:
             self.transport.close()
 
@@ -531,7 +548,7 @@ class _Connection(asyncio.Protocol):
             call.deadline.cancel()
             call.deadline = None
         if not self.calls:
-            if self._peer_leaving:
+            if self._leaving:
                 self.flush_soon()  # the last answer goes out before the socket closes
                 asyncio.get_running_loop().call_soon(self.transport.close)
             if self.server.stopping:
@@ -545,15 +562,20 @@ class GrpcServer:
                  handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
                  keepalive_time: float = KEEPALIVE_TIME_S,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
-                 keepalive_without_calls: bool = False):
+                 keepalive_without_calls: bool = False, max_connection_age: float = 0.0,
+                 max_connection_age_grace: float = 0.0):
         """Keepalive (seconds; a time of 0 sends no PINGs): gRPC's server settings, with
-        Triton's defaults."""
+        Triton's defaults. A connection older than `max_connection_age` seconds (0: no
+        limit) is sent GOAWAY, and closed `max_connection_age_grace` seconds later if calls
+        are still open (0: once they end)."""
         self.methods = {path.encode(): method for path, method in methods.items()}
         self.max_message_size = max_message_size
         self.handshake_timeout = handshake_timeout
         self.keepalive_time = keepalive_time
         self.keepalive_timeout = keepalive_timeout
         self.keepalive_without_calls = keepalive_without_calls
+        self.max_connection_age = max_connection_age
+        self.max_connection_age_grace = max_connection_age_grace
         self.connections: set = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None

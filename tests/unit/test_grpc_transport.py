@@ -218,3 +218,44 @@ def test_keepalive_pings_an_idle_connection_only_when_permitted():
 def test_a_keepalive_ping_left_unanswered_closes_the_connection():
     pings, closed = _keepalive(without_calls=True, answer=False)
     assert pings == 1 and closed
+
+
+def test_an_old_connection_is_sent_goaway_and_closed_once_its_calls_end():
+    async def main():
+        gate = asyncio.Event()
+
+        async def held(request, call):
+            await gate.wait()
+            return bytes(request)
+
+        server = GrpcServer({ECHO: Method(held, None, bytes, False)}, 1 << 16,
+                            max_connection_age=0.05)
+        sock = _Socket()
+        conn = transport._Connection(server)
+        conn.connection_made(sock)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", ECHO),
+                                  (":authority", "x"), ("content-type", "application/grpc")])
+        client.send_data(sid, b"\0\0\0\0\2hi", end_stream=True)
+        conn.data_received(client.data_to_send())
+        await asyncio.sleep(0.1)  # past the age, the call still open
+        events = client.receive_data(bytes(sock.out))
+        sock.out.clear()
+        assert any(isinstance(e, h2.events.ConnectionTerminated) for e in events)
+        assert not sock.closed
+        gate.set()  # the call ends: answered, then the connection closes
+        for _ in range(20):
+            await asyncio.sleep(0)
+            conn.flush()
+        # h2 reads nothing after a GOAWAY: the frames are read by hand.
+        frames, out = [], bytes(sock.out)
+        while len(out) >= 9:
+            length = int.from_bytes(out[:3], "big")
+            frames.append((out[3], out[4], int.from_bytes(out[5:9], "big") & 0x7FFFFFFF))
+            out = out[9 + length:]
+        assert (1, 0x5, sid) in frames  # the trailers: HEADERS, END_STREAM | END_HEADERS
+        assert sock.closed
+        conn.connection_lost(None)
+    asyncio.run(main())
