@@ -219,6 +219,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _metrics_config(settings: list) -> dict:
+    """{counter_latencies, histogram_latencies} from --metrics-config's key=value settings."""
+    metrics = {"counter_latencies": True, "histogram_latencies": False}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key in ("summary_latencies", "summary_quantiles"):
+            raise argparse.ArgumentTypeError(f"{key}: shmserve does not support latency "
+                                             f"summaries yet")
+        if key not in metrics:
+            raise argparse.ArgumentTypeError(f"unknown setting '{key}' (one of "
+                                             f"{', '.join(metrics)})")
+        try:
+            metrics[key] = _bool(value)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{key}: {exc}") from None
+    return metrics
+
+
 def parse_options(argv) -> tuple[Options, argparse.Namespace]:
     args = build_parser().parse_args(argv)
     if "*" in args.load_model and len(args.load_model) > 1:
@@ -232,19 +250,10 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_restrictions = restricted_api.parse_restrictions(args.grpc_restricted_protocol)
     except restricted_api.RestrictionError as exc:
         build_parser().error(str(exc))
-    metrics = {"counter_latencies": True, "histogram_latencies": False}
-    for setting in args.metrics_config:
-        key, _, value = setting.partition("=")
-        if key in ("summary_latencies", "summary_quantiles"):
-            build_parser().error(f"--metrics-config {key}: shmserve does not support latency "
-                                 f"summaries yet")
-        if key not in metrics:
-            build_parser().error(f"--metrics-config: unknown setting '{key}' (one of "
-                                 f"{', '.join(metrics)})")
-        try:
-            metrics[key] = _bool(value)
-        except argparse.ArgumentTypeError as exc:
-            build_parser().error(f"--metrics-config {key}: {exc}")
+    try:
+        metrics = _metrics_config(args.metrics_config)
+    except argparse.ArgumentTypeError as exc:
+        build_parser().error(f"--metrics-config {exc}")
     if args.response_cache_byte_size is not None and not args.cache_config:
         cache_size = args.response_cache_byte_size
     options = Options(

@@ -11,17 +11,11 @@ frames keeps the frame protocol simple (the zero-copy path is the client's).
 
 import asyncio
 import contextlib
-import logging
 
-from shmserve.dataplane import DecoupledModel
+from shmserve.dataplane import SEQUENCE_END, SEQUENCE_START, DecoupledModel
 from shmserve.errors import Code, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import messages
-
-log = logging.getLogger("shmserve.server_calls")
-
-SEQUENCE_START = 1
-SEQUENCE_END = 2
 
 
 class ServerCalls:

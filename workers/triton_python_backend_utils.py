@@ -12,6 +12,7 @@ The runner (workers/runner.py) is the backend side of these classes and reads th
 attributes directly.
 """
 
+import asyncio
 import bisect
 import copy
 import enum
@@ -523,8 +524,6 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled=False):
         """exec() from an async execute(): awaits the answer without holding up the loop."""
-        import asyncio
-
         response = await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
         if decoupled:  # the responses arrive as they come, read off the loop
             return _AsyncResponses(response)
@@ -561,8 +560,6 @@ class _AsyncResponses:
         return self
 
     async def __anext__(self):
-        import asyncio
-
         done = object()
         item = await asyncio.get_running_loop().run_in_executor(
             None, next, self._responses, done)

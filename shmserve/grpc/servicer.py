@@ -216,12 +216,8 @@ class InferenceServicer:
             # UNAVAILABLE rather than RESOURCE_EXHAUSTED: it is Triton's code for "busy, retry"
             # (a full queue), and gRPC retry policies treat it as retryable.
             raise _rpc_error(exc) from None
-        forwarded = None
-        if self.header_pattern is not None:
-            forwarded = [(k, v) for k, v in context.invocation_metadata()
-                         if self.header_pattern.search(k)]
-        stream = _Stream(self.dp, self.max_inflight_per_stream, forwarded,
-                         self.header_pattern)
+        metadata = context.invocation_metadata() if self.header_pattern is not None else None
+        stream = _Stream(self.dp, self.max_inflight_per_stream, metadata, self.header_pattern)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while True:
@@ -254,9 +250,9 @@ class _Stream:
     at twice that: a client that sends faster than it reads stops being read from."""
 
     def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION,
-                 forwarded=None, header_pattern=None):
+                 metadata=None, header_pattern=None):
         self.dp = dp
-        self._forwarded = forwarded  # the stream's metadata that its requests carry
+        self._metadata = metadata  # the stream's, for header forwarding (or None)
         self._header_pattern = header_pattern
         self._ready: asyncio.Queue = asyncio.Queue()  # (message, written future or None)
         self._in_order: collections.deque = collections.deque()  # futures, request order
@@ -338,8 +334,8 @@ class _Stream:
 
     def _decode(self, msg):
         request = codec.decode_model_infer_request(msg)
-        if self._forwarded:
-            header_forwarding.forward(request, self._forwarded, self._header_pattern)
+        if self._metadata:
+            header_forwarding.forward(request, self._metadata, self._header_pattern)
         return request
 
     async def close(self) -> None:
