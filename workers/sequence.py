@@ -22,7 +22,11 @@ of `<model directory>/initial_state/<data_file>`. The tensor has a leading batch
 1 when max_batch_size > 0.
 
 Triton's correlation-id control truncates ids to 32 bits for TYPE_INT32/TYPE_UINT32 and
-passes string ids as a BYTES tensor (TYPE_STRING).
+passes string ids as a BYTES tensor (TYPE_STRING). A string id for a numeric control gets, as
+Triton 2.51 gives it (probed), the first bytes of the id's serialized BYTES element, little
+endian: its 4-byte length, then its characters, zero-padded ("a" is 97 << 32 | 1 for UINT64).
+Triton copies the whole element there and crashes on ids longer than 4 characters; we stop at
+the control's width.
 """
 
 import logging
@@ -216,9 +220,7 @@ class SequenceExtras:
             array.fill(correlation_id.encode())
         else:
             if isinstance(correlation_id, str):
-                raise ValueError(
-                    f"correlation ID '{correlation_id}' is a string, but control '{name}' "
-                    f"({_CORRID_KIND}) has data type {datatypes.wire_to_config(datatype)}")
+                correlation_id = _serialized_prefix(correlation_id, packer.size)
             mask = (1 << (8 * packer.size)) - 1
             array = np.frombuffer(packer.pack(correlation_id & mask), dtype)
             array = array.reshape(self._control_shape)
@@ -272,6 +274,12 @@ class SequenceExtras:
     def _free(self, held: _Held) -> None:
         if held.offset is not None:
             self._alloc.free(held.offset)
+
+
+def _serialized_prefix(correlation_id: str, size: int) -> int:
+    raw = correlation_id.encode()
+    element = struct.pack("<I", len(raw)) + raw[:size]
+    return int.from_bytes(element[:size].ljust(size, b"\0"), "little")
 
 
 def _corrid_type(data_type) -> tuple:

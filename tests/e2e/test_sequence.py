@@ -183,6 +183,18 @@ def test_new_sequences_wait_in_the_backlog_while_every_slot_is_taken(server):
     run(server, "grpc", body)
 
 
+def test_string_correlation_id_with_a_uint64_control(server, protocol):
+    """seq_probe's CORRID control is TYPE_UINT64: a string id reaches the model as Triton
+    hands it over, the first 8 bytes of its BYTES element (length, then characters)."""
+    async def body(c):
+        r = await c.infer("seq_probe", 5, "a", start=True)
+        assert first(r, "OUTPUT") == 5
+        assert r.as_numpy("CONTROLS").reshape(-1)[3] == (ord("a") << 32) | 1
+        r = await c.infer("seq_probe", 2, "a", end=True)
+        assert first(r, "OUTPUT") == 7
+    run(server, protocol, body)
+
+
 def test_string_correlation_ids_with_the_oldest_strategy(server, protocol):
     async def body(c):
         a, b = f"alpha-{next(_ids)}", f"beta-{next(_ids)}"

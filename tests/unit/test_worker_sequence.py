@@ -122,10 +122,22 @@ def test_correlation_id_control(data_type, triton, correlation_id, expected):
     assert tensor.as_numpy()[0, 0] == expected
 
 
-def test_string_correlation_id_for_a_numeric_control_is_refused():
-    extras = extras_of(config_with(control_input=CONTROLS))
-    with pytest.raises(ValueError, match="correlation ID 'x' is a string.*TYPE_UINT64"):
-        extras.inputs([], 0, START, "x", True)
+@pytest.mark.parametrize("data_type,correlation_id,expected", [
+    # Values Triton 2.51 handed a model (probed): the string's BYTES element, length first.
+    ("TYPE_UINT64", "a", 416611827713),
+    ("TYPE_UINT64", "abc", 27974191445704707),
+    ("TYPE_UINT64", "hello", 7812730950931972101),
+    ("TYPE_UINT64", "sequence-1", 8462656719401517066),
+    ("TYPE_UINT64", "12345", 3761405299819282437),
+    ("TYPE_UINT64", "", 0),
+    ("TYPE_UINT64", "x" * 40, int.from_bytes(b"\x28\0\0\0xxxx", "little")),
+    ("TYPE_INT32", "hello", 5),
+])
+def test_string_correlation_id_for_a_numeric_control(data_type, correlation_id, expected):
+    config = config_with(control_input=[control("ID", "CONTROL_SEQUENCE_CORRID",
+                                                data_type=data_type)])
+    (tensor,) = extras_of(config).inputs([], 0, START, correlation_id, True)
+    assert int(tensor.as_numpy()[0, 0]) == expected
 
 
 def test_null_request_is_not_ready_and_has_no_flags_or_id():
