@@ -47,15 +47,18 @@ SEQUENCE_END = 2
 
 
 class _Request:
-    __slots__ = ("work", "sequence", "enqueued_ns", "future", "state", "queue_ns")
+    __slots__ = ("work", "sequence", "enqueued_ns", "requeued_ns", "future", "state",
+                 "queue_ns", "ran")
 
     def __init__(self, work, sequence, enqueued_ns: int, future):
         self.work = work
         self.sequence = sequence
-        self.enqueued_ns = enqueued_ns
+        self.enqueued_ns = enqueued_ns  # its arrival, which orders it among the queued
+        self.requeued_ns = enqueued_ns  # when it last joined the queue
         self.future = future
         self.state = QUEUED
-        self.queue_ns = -1  # set when it first leaves for an instance
+        self.queue_ns = -1  # how long it waited before its latest run
+        self.ran = False
 
 
 class _Sequence:
@@ -160,7 +163,7 @@ class SequenceBatcher:
             # A request that never ran leaves; one that already ran (an iterative request
             # between two steps) goes on, so that the model sees it cancelled and frees what
             # it holds for it.
-            if entry.state == QUEUED and entry.queue_ns < 0:
+            if entry.state == QUEUED and not entry.ran:
                 entry.sequence.queue.remove(entry)
                 entry.state = GONE
                 self._stats.pending -= 1
@@ -359,8 +362,8 @@ class SequenceBatcher:
             sequence.queue.popleft()
             sequence.running += 1
             entry.state = TAKEN
-            if entry.queue_ns < 0:
-                entry.queue_ns = now - entry.enqueued_ns
+            entry.queue_ns = now - entry.requeued_ns
+            entry.ran = True
             work = entry.work
             work.sequence_slot = slot.index
             taken.append((len(works), entry))
@@ -403,6 +406,7 @@ class SequenceBatcher:
             answered.add(index)
             response = responses[index]
             if response.rescheduled and self._iterative:
+                self._record_iteration(entry, timings)
                 self._requeue(entry)
             else:
                 self._finish(entry, (response, timings, entry.queue_ns))
@@ -411,10 +415,19 @@ class SequenceBatcher:
                 response.release()  # a null request's outputs
         self._pool.release(inst)  # and with the room it makes, the next batch
 
+    def _record_iteration(self, entry: _Request, timings) -> None:
+        """Triton's statistics count every step of an iterative request as an inference and
+        a success (probed on 2.51); the dataplane records the last one, with the answer."""
+        self._stats.record_success(
+            batch_size=1, request_ns=self._timer.now_ns() - entry.enqueued_ns,
+            queue_ns=entry.queue_ns, compute_input_ns=timings.compute_input_ns,
+            compute_infer_ns=timings.compute_infer_ns,
+            compute_output_ns=timings.compute_output_ns)
+
     def _requeue(self, entry: _Request) -> None:
         sequence = entry.sequence
         sequence.running -= 1
-        sequence.last_ns = self._timer.now_ns()
+        sequence.last_ns = entry.requeued_ns = self._timer.now_ns()
         entry.work.flags = 0
         entry.state = QUEUED
         sequence.queue.appendleft(entry)

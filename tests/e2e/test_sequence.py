@@ -10,6 +10,7 @@ seconds are asserted on timing, except where a request must still be waiting.
 import asyncio
 import itertools
 import queue
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -243,6 +244,23 @@ def test_iterative_short_requests_overtake_long_ones(server, protocol):
         assert first(short, "BATCH") == 2
         assert first(short, "CALL") < first(long, "CALL")
     run(server, protocol, body)
+
+
+def test_iterative_statistics_count_every_step(server):
+    """Triton counts each step of an iterative request as an inference and a success."""
+    def counts():
+        with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+            entry = client.get_inference_statistics("iterative_steps")["model_stats"][0]
+        return (entry["inference_count"], entry["execution_count"],
+                entry["inference_stats"]["success"]["count"],
+                entry["inference_stats"]["queue"]["count"])
+
+    before = counts()
+
+    async def body(c):
+        assert first(await c.infer("iterative_steps", 4, name="STEPS"), "STEP") == 4
+    run(server, "http", body)
+    assert [a - b for a, b in zip(counts(), before)] == [4, 4, 4, 4]
 
 
 def test_iterative_decoupled_streams_a_response_per_step(server):

@@ -273,6 +273,11 @@ def test_iterative_requests_are_rescheduled_and_finished_ones_free_their_slot():
         assert (await long)[0].parameters == {"id": 1}
         assert (await waiting)[0].parameters == {"id": 3}
         assert h.stats.pending == 0
+        # As in Triton, each step that a request goes on from counts as an inference and a
+        # success (three here); the last step of each is the dataplane's to record.
+        assert (h.stats.execution_count, h.stats.inference_count) == (3, 3)
+        assert h.stats.success.count == h.stats.queue.count == h.stats.compute_infer.count == 3
+        assert h.stats.compute_infer.ns == 3 * 2
     run(main())
 
 
