@@ -16,15 +16,14 @@ from shmserve.errors import ServerError
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
+from shmserve.tracing import settings_from_flags
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "trace-config", "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port",
+    "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port",
     "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
     "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
     "grpc-infer-response-compression-level", "model-namespacing",
-    # Tracing's older flags (--trace-config replaced them).
-    "trace-file", "trace-level", "trace-rate", "trace-count", "trace-log-frequency",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
 # and response pools, the Python backend's stub and shared-memory sizing, repository agents,
@@ -197,6 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "'local' cache (size in bytes)")
     p.add_argument("--response-cache-byte-size", type=_non_negative_int, default=None,
                    metavar="BYTES", help="Triton's older spelling of --cache-config local,size=")
+    p.add_argument("--trace-config", action="append", default=[],
+                   metavar="[triton,]<setting>=<value>",
+                   help="tracing: level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, mode=triton, "
+                        "triton,file=PATH, triton,log-frequency=N")
+    # Tracing's older spellings (Triton marks them deprecated).
+    p.add_argument("--trace-file", default=None, metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--trace-level", action="append", default=[], metavar="LEVEL",
+                   help=argparse.SUPPRESS)
+    for flag in ("--trace-rate", "--trace-count", "--trace-log-frequency"):
+        p.add_argument(flag, default=None, metavar="N", help=argparse.SUPPRESS)
     # Triton's default is false; shared memory is what shmserve is for, so it is on here.
     p.add_argument("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
     p.add_argument("--disable-auto-complete-config", action="store_true")
@@ -254,6 +263,13 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         metrics = _metrics_config(args.metrics_config)
     except argparse.ArgumentTypeError as exc:
         build_parser().error(f"--metrics-config {exc}")
+    try:
+        trace = settings_from_flags(args.trace_config, file=args.trace_file,
+                                    levels=args.trace_level, rate=args.trace_rate,
+                                    count=args.trace_count,
+                                    log_frequency=args.trace_log_frequency)
+    except ServerError as exc:
+        build_parser().error(exc.message)
     if args.response_cache_byte_size is not None and not args.cache_config:
         cache_size = args.response_cache_byte_size
     options = Options(
@@ -295,6 +311,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         metrics_histogram_latencies=metrics["histogram_latencies"],
         allow_client_shm=args.allow_client_shm,
         cache_size=cache_size,
+        trace=trace,
         grpc_max_message_size=args.grpc_max_message_size,
         max_tensor_byte_size=args.max_tensor_byte_size,
         max_inflight_per_connection=args.max_inflight_per_connection,

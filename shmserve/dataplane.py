@@ -23,11 +23,12 @@ from shmserve.registry import Registry
 from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
 from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
+from shmserve.tracing import Tracer, parse_changes
 
 EXTENSIONS = ["classification", "sequence", "model_repository",
               "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
               "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-              "statistics", "logging"]
+              "statistics", "trace", "logging"]
 
 # Request parameters the server consumes; the model sees the others through parameters().
 RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
@@ -58,11 +59,12 @@ class DataPlane:
                  max_queue_size_default: int = MAX_QUEUE_SIZE_DEFAULT,
                  max_open_streams: int = MAX_OPEN_STREAMS,
                  response_cache: ResponseCache | None = None,
-                 first_response_histogram: bool = False):
+                 first_response_histogram: bool = False, tracer: Tracer | None = None):
         """`response_cache`: the server's (--cache-config), used by models that enable it;
         `first_response_histogram`: time each request's first response (--metrics-config
-        histogram_latencies=true)."""
+        histogram_latencies=true); `tracer`: the trace settings (--trace-config)."""
         self.registry = registry
+        self.tracer = tracer or Tracer()
         self.response_cache = response_cache
         self.first_response_histogram = first_response_histogram
         self.models = models  # a repository.manager.ModelManager: the repository API
@@ -194,6 +196,21 @@ class DataPlane:
         """Change some log settings (see logs.update); the settings after the change."""
         return logs.update(changes)
 
+    # -- tracing ------------------------------------------------------------------------
+
+    def trace_settings(self, model: str = "") -> dict:
+        self._check_traced_model(model)
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, model: str, changes: dict) -> dict:
+        """`changes`: {setting: list of strings, or None to clear} (see tracing.py)."""
+        self._check_traced_model(model)
+        return self.tracer.update(model, parse_changes(changes))
+
+    def _check_traced_model(self, model: str) -> None:
+        if model and model not in self.registry.models:
+            raise ServerError(Code.INVALID_ARG, f"Request for unknown model : {model}")
+
     # -- inference ----------------------------------------------------------------------
 
     def raw_request(self, name: str, version: str, body) -> InferRequest:
@@ -250,7 +267,11 @@ class DataPlane:
         finally:
             mv.stats.inflight -= 1
             _release_regions(work)
+            if work.trace is not None:
+                # Written after the caller's turn, which may add when it sent the response.
+                asyncio.get_running_loop().call_soon(work.trace.finish)
         response = _response(request, mv, response)
+        response.trace = work.trace
         if key is not None:
             self._cache_insert(key, mv, response)
         return response
@@ -302,7 +323,9 @@ class DataPlane:
         output arena); the outputs named in `output_regions` are written into those slices.
         The step's compute times are added to `timings` (a BatchTimings)."""
         mv = self.registry.get(request.model_name, request.model_version)
-        work, *admitted = self._admit(request, mv)
+        if request.trace is not None:  # the ensemble's: the step's trace is its child
+            request.trace = self.tracer.child(request.trace)
+        work, *admitted = self._admit(request, mv, sample=False)
         for name, piece in output_regions.items():
             work.output_regions[name] = piece
             work.regions.append(piece.region)
@@ -335,6 +358,8 @@ class DataPlane:
         finally:
             mv.stats.inflight -= 1
             _release_regions(work)
+            if work.trace is not None:
+                work.trace.finish()
 
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
@@ -355,6 +380,10 @@ class DataPlane:
                 if first:
                     first = False
                     stats.record_first_response(time.perf_counter_ns() - started)
+                if work.trace is not None:
+                    _trace_response(work.trace, response)
+                    if final:
+                        work.trace.stamp("REQUEST_END", time.perf_counter_ns())
                 if response is not None and response.error is not None:
                     failed = failed or final
                     _log_failure(logging.WARNING, mv, request.id, response.error)
@@ -381,16 +410,24 @@ class DataPlane:
             raise ServerError(Code.UNAVAILABLE, "Server not ready")
         return self.registry.get(request.model_name, request.model_version)
 
-    def _admit(self, request: InferRequest, mv):
-        """Validate a request: (work, batch size, priority, timeout, start time)."""
+    def _admit(self, request: InferRequest, mv, sample: bool = True):
+        """Validate a request: (work, batch size, priority, timeout, start time). A request
+        the tracer samples (or that came with a trace) gets its trace started."""
         started = time.perf_counter_ns()
         params = request.parameters
+        if sample and self.tracer.on:
+            request.trace = self.tracer.start(mv.name)
+        if request.trace is not None:
+            _trace_request(request.trace, request, mv, started)
         try:
             work, batch_size = _prepare(request, mv, self.shared_memory,
                                         self.max_tensor_byte_size)
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
         except ServerError as exc:
+            if request.trace is not None:
+                request.trace.stamp("REQUEST_END", time.perf_counter_ns())
+                request.trace.finish()
             mv.stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
             _log_failure(logging.DEBUG, mv, request.id, exc)
             if isinstance(exc, RegionError):
@@ -398,17 +435,29 @@ class DataPlane:
             # Triton names the request in validation errors.
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
                                         f"{exc.message}") from None
+        work.trace = request.trace
         return work, batch_size, priority, timeout_us, started
 
     async def _run(self, mv, work, batch_size, priority, timeout_us, started):
         """Schedule one request until its batch ran: (WorkResponse, queue ns, timings). A
         request that is not decoupled is counted here; a decoupled one when its stream ends."""
         stats = mv.stats
+        trace = work.trace
         try:
-            if stats.pending >= self._queue_limit and mv.scheduler.default_bound_applies(work):
-                raise queue_full()
-            response, timings, queue_ns = await mv.scheduler.submit(work, batch_size, priority,
-                                                                    timeout_us)
+            try:
+                if trace is not None:
+                    trace.stamp("QUEUE_START", time.perf_counter_ns())
+                if stats.pending >= self._queue_limit and \
+                        mv.scheduler.default_bound_applies(work):
+                    raise queue_full()
+                response, timings, queue_ns = await mv.scheduler.submit(work, batch_size,
+                                                                        priority, timeout_us)
+            except BaseException:
+                if trace is not None:
+                    trace.stamp("REQUEST_END", time.perf_counter_ns())
+                raise
+            if trace is not None:
+                _trace_execution(trace, timings, None if work.stream else response)
         except QueueRejection as exc:
             stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
             _log_failure(logging.DEBUG, mv, work.request_id, exc)
@@ -434,6 +483,40 @@ class DataPlane:
             if self.first_response_histogram:
                 stats.record_first_response(request_ns)
         return response, queue_ns, timings
+
+
+def _trace_request(trace, request: InferRequest, mv, started: int) -> None:
+    trace.model(mv.name, mv.version, request.id)
+    for name, ns in request.received:
+        trace.stamp(name, ns)
+    trace.stamp("REQUEST_START", started)
+    if trace.tensors:
+        for t in request.inputs:
+            trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
+
+
+def _trace_execution(trace, timings, response) -> None:
+    """The compute times of the batch the request ran in; a response that is not streamed,
+    and with it the end of the request."""
+    start = timings.start_ns
+    if start:
+        end_input = start + timings.compute_input_ns
+        start_output = end_input + timings.compute_infer_ns
+        trace.stamp("COMPUTE_START", start)
+        trace.stamp("COMPUTE_INPUT_END", end_input)
+        trace.stamp("COMPUTE_OUTPUT_START", start_output)
+        trace.stamp("COMPUTE_END", start_output + timings.compute_output_ns)
+    if response is not None:
+        _trace_response(trace, response)
+        trace.stamp("REQUEST_END", time.perf_counter_ns())
+
+
+def _trace_response(trace, response) -> None:
+    """A response of the request (a WorkResponse, or None for the final flag alone)."""
+    trace.stamp("INFER_RESPONSE_COMPLETE", time.perf_counter_ns())
+    if trace.tensors and response is not None and response.error is None:
+        for o in response.outputs:
+            trace.tensor("TENSOR_BACKEND_OUTPUT", o.name, o.datatype, o.shape, o.data)
 
 
 def _log_failure(level: int, mv, request_id: str, error: ServerError) -> None:

@@ -40,6 +40,11 @@ class InferRequest:
     inputs: list[InputTensor] = field(default_factory=list)
     # Empty: every output of the model config.
     outputs: list[RequestedOutput] = field(default_factory=list)
+    # When the transport received it, as (Triton's trace timestamp name, ns), for a trace; the
+    # transports note it only while some trace settings trace (tracing.Tracer.on).
+    received: tuple = ()
+    # Its tracing.Trace, once the dataplane sampled it (or an ensemble's, for a step).
+    trace: Any = None
 
 
 @dataclass(slots=True)
@@ -61,6 +66,9 @@ class InferResponse:
     # Called by the transport once it has copied the output bytes onto the wire, so that
     # shared-memory slots holding them can be reused. Must be called exactly once.
     release: Optional[Callable[[], None]] = None
+    # The request's tracing.Trace, if sampled: the transport may stamp when it sent the
+    # response before its turn of the event loop ends, when the trace is written.
+    trace: Any = None
 
     def done(self) -> None:
         release, self.release = self.release, None

@@ -24,6 +24,7 @@ from shmserve.repository.manager import ModelManager
 from shmserve.response_cache import ResponseCache
 from shmserve.server_calls import ServerCalls
 from shmserve.shared_memory import SharedMemoryManager
+from shmserve.tracing import TraceSettings, Tracer
 
 log = logging.getLogger("shmserve")
 
@@ -63,6 +64,7 @@ class Options:
     allow_client_shm: bool = True
     # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     cache_size: int = 0
+    trace: TraceSettings = field(default_factory=TraceSettings)  # --trace-config
     # Triton's: a model that fails to load at startup stops the server from starting.
     exit_on_error: bool = True
     model_load_retry_count: int = 0  # more tries for a version that failed to load
@@ -122,7 +124,8 @@ class Server:
                                                    if options.cache_size else None),
                                    first_response_histogram=(
                                        options.allow_metrics
-                                       and options.metrics_histogram_latencies))
+                                       and options.metrics_histogram_latencies),
+                                   tracer=Tracer(options.trace))
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []
@@ -234,6 +237,7 @@ class Server:
         self._http_servers.clear()
         self.shared_memory.unregister_all()
         await self.models.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.dataplane.tracer.close)
         self.dataplane.live = False
         log.info("shmserve stopped")
 

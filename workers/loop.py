@@ -165,7 +165,8 @@ class WorkerLoop:
         # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
-                                           timings.compute_infer_ns, output_ns, rescheduled))
+                                           timings.compute_infer_ns, output_ns, rescheduled,
+                                           timings.start_ns))
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location

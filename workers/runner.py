@@ -86,6 +86,7 @@ class Timings:
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+    start_ns: int = 0  # time.perf_counter_ns() when the batch began
 
 
 class RunnerError(Exception):
@@ -340,7 +341,7 @@ class ModelRunner:
                 for index, pb_request, sent in batch:
                     if self._reschedules(pb_request) and not sent.final:
                         requests[index].rescheduled = True
-            return [], Timings(inputs_done - start, infer_done - inputs_done, 0)
+            return [], Timings(inputs_done - start, infer_done - inputs_done, 0, start)
 
         if failure is not None:
             for pb_request in pb_requests:
@@ -359,7 +360,8 @@ class ModelRunner:
                 if not request.rescheduled:
                     sequence.end(request.sequence_slot, request.flags, request.ready)
         done = time.perf_counter_ns()
-        return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done)
+        return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done,
+                                start)
 
     @staticmethod
     def _reschedules(pb_request) -> bool:

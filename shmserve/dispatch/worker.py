@@ -80,6 +80,7 @@ class WorkRequest:
     # that runs it, and False for a null request (one that fills an idle slot).
     sequence_slot: int = -1
     ready: bool = True
+    trace: object = None  # its tracing.Trace, if sampled
 
 
 @dataclass(slots=True)
@@ -111,6 +112,7 @@ class BatchTimings:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    start_ns: int = 0  # when the worker began it (CLOCK_MONOTONIC); 0 if unknown
 
 
 class WorkerHandle:
@@ -424,7 +426,8 @@ class WorkerHandle:
                         r.release()
                 return
             future.set_result((responses, BatchTimings(
-                msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns)))
+                msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns,
+                msg.compute_start_ns)))
         elif isinstance(msg, messages.Ready):
             self.readiness_hook = msg.readiness_hook
             if self._ready is not None and not self._ready.done():

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 
 from google.protobuf import json_format
 
@@ -163,6 +164,17 @@ class InferenceServicer:
                 entry.string_param = value
         return resp
 
+    async def TraceSetting(self, request):
+        # An empty value list clears a setting (tritonclient sends None that way).
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        model = request.model_name
+        settings = (self.dp.update_trace_settings(model, changes) if changes
+                    else self.dp.trace_settings(model))
+        resp = proto.TraceSettingResponse()
+        for key, value in settings.items():
+            resp.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return resp
+
     async def SystemSharedMemoryStatus(self, request):
         return _region_statuses(proto.SystemSharedMemoryStatusResponse(),
                                 self.dp.shared_memory.system_status(request.name))
@@ -194,15 +206,23 @@ class InferenceServicer:
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, context.invocation_metadata(),
                                       self.header_pattern)
+        if self.dp.tracer.on:
+            infer_request.received = (("GRPC_WAITREAD_END", time.perf_counter_ns()),)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
+        trace = response.trace
+        if trace is not None:
+            trace.stamp("GRPC_SEND_START", time.perf_counter_ns())
         try:
             return codec.serialize_model_infer_response(response)
         finally:
             response.done()
+            if trace is not None:
+                # Handed to the HTTP/2 layer, which writes it in this same turn of the loop.
+                trace.stamp("GRPC_SEND_END", time.perf_counter_ns())
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Many requests in flight on one stream. Responses of decoupled models leave as they

@@ -7,7 +7,9 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import logging
+import time
 from types import SimpleNamespace
 
 import orjson
@@ -19,6 +21,7 @@ from shmserve.http import codec, compression, generate, shared_memory
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.stats import stats_json
+from shmserve.tracing import SETTING_NAMES
 
 log = logging.getLogger("shmserve.http")
 
@@ -97,6 +100,15 @@ class HttpRoutes:
                 {k: v for k, v in changes.items() if v is not None}))
         return _json(self.dp.log_settings())
 
+    async def trace_settings(self, request):
+        """GET: the trace settings (a model's, on its path); POST: change the ones the body
+        names, then the same."""
+        model = request.match_info.get("model", "")
+        if request.method == "POST":
+            return _json(self.dp.update_trace_settings(model,
+                                                       _trace_changes(_json_body(request))))
+        return _json(self.dp.trace_settings(model))
+
     async def repository_index(self, request):
         ready = bool(_json_body(request).get("ready", False))
         return _json(self.dp.repository_index(ready, request.match_info.get("repository", "")))
@@ -150,6 +162,9 @@ class HttpRoutes:
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, request.headers.items(),
                                       self.header_pattern)
+        if self.dp.tracer.on:
+            infer_request.received = (("HTTP_RECV_START", request.begun_ns),
+                                      ("HTTP_RECV_END", time.perf_counter_ns()))
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
@@ -168,7 +183,11 @@ class HttpRoutes:
             headers["Content-Encoding"] = chosen
         if out_header is not None:
             headers["Inference-Header-Content-Length"] = str(out_header)
-        return Response(200, payload, headers=headers)
+        reply = Response(200, payload, headers=headers)
+        if response.trace is not None:
+            response.trace.stamp("HTTP_SEND_START", time.perf_counter_ns())
+            reply.on_sent = functools.partial(_sent, response.trace)
+        return reply
 
 
     async def generate(self, request: Request):
@@ -254,6 +273,30 @@ def _json_body(request: Request) -> dict:
     return obj
 
 
+def _trace_changes(body: dict) -> dict:
+    """The trace settings a POST names: {name: list of strings, or None to clear}."""
+    changes = {}
+    for name, value in body.items():
+        if name not in SETTING_NAMES:
+            continue  # ignored, as in Triton
+        if value is None:
+            changes[name] = None
+        elif name == "trace_level" and isinstance(value, list) \
+                and all(isinstance(v, str) for v in value):
+            changes[name] = value
+        elif name != "trace_level" and isinstance(value, str):
+            changes[name] = [value]
+        else:
+            expected = "an array of strings" if name == "trace_level" else "a string"
+            raise ServerError(Code.INVALID_ARG, f"Unable to parse '{name}': expected "
+                                                f"{expected}, got {orjson.dumps(value).decode()}")
+    return changes
+
+
+def _sent(trace) -> None:
+    trace.stamp("HTTP_SEND_END", time.perf_counter_ns())
+
+
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 class _Routes:
@@ -299,6 +342,11 @@ def build_server(dataplane: DataPlane, max_input_size: int,
     routes.add("GET", "/v2/health/live", r.live, "health")
     routes.add("GET", "/v2/health/ready", r.ready, "health")
     routes.add("GET", "/v2/models/stats", r.model_stats, "statistics")
+    routes.add("GET", "/v2/trace/setting", r.trace_settings, "trace")
+    routes.add("POST", "/v2/trace/setting", r.trace_settings, "trace")
+    # Not per version: Triton serves no /versions/{v}/trace/setting.
+    routes.add("GET", m + "/trace/setting", r.trace_settings, "trace")
+    routes.add("POST", m + "/trace/setting", r.trace_settings, "trace")
     routes.add("GET", "/v2/logging", r.log_settings, "logging")
     routes.add("POST", "/v2/logging", r.log_settings, "logging")
     for repository in ("/v2/repository", "/v2/repository/{repository}"):

@@ -13,6 +13,7 @@ HTTP throughput. Parsing HTTP is the part to leave to a library; the rest is sma
 import asyncio
 import http
 import logging
+import time
 from collections import deque
 
 import httptools
@@ -47,17 +48,18 @@ class Request:
     """A complete request: its body is read before the handler runs. Header names are
     lower case; repeated headers are joined with ", "."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "match_info", "_conn",
-                 "_stream")
+    __slots__ = ("method", "path", "query", "headers", "body", "match_info", "begun_ns",
+                 "_conn", "_stream")
 
     def __init__(self, method: str, path: str, query: str, headers: dict, body: bytes,
-                 conn: "_Connection"):
+                 conn: "_Connection", begun_ns: int = 0):
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers
         self.body = body
         self.match_info: dict = {}
+        self.begun_ns = begun_ns  # time.perf_counter_ns() when its first bytes were parsed
         self._conn = conn
         self._stream: "ChunkedStream | None" = None
 
@@ -68,13 +70,14 @@ class Request:
 
 
 class Response:
-    __slots__ = ("status", "body", "headers")
+    __slots__ = ("status", "body", "headers", "on_sent")
 
     def __init__(self, status: int = 200, body=b"", content_type: str | None = None,
                  headers: dict | None = None):
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else {}
+        self.on_sent = None  # called once the response is handed to the socket
         if content_type is not None:
             self.headers["Content-Type"] = content_type
 
@@ -145,6 +148,7 @@ class _Connection(asyncio.Protocol):
         self._headers: dict = {}
         self._head_bytes = 0
         self._begun = 0  # requests whose first byte was read
+        self._begun_ns = 0
         self._unfinished_head = 0
         self._body: list = []
         self._body_bytes = 0
@@ -210,6 +214,7 @@ class _Connection(asyncio.Protocol):
         self._unfinished_head = 0
         self.phase = _HEAD
         self.since = self.loop.time()
+        self._begun_ns = time.perf_counter_ns()
         self._url = b""
         self._headers = {}
         self._head_bytes = 0
@@ -262,7 +267,7 @@ class _Connection(asyncio.Protocol):
             path, query = url, b""
         request = Request(self.parser.get_method().decode("ascii"),
                           path.decode("latin-1"), query.decode("latin-1"), self._headers,
-                          body[0] if len(body) == 1 else b"".join(body), self)
+                          body[0] if len(body) == 1 else b"".join(body), self, self._begun_ns)
         if not self.parser.should_keep_alive():
             self.closing = True
         self.pending.append(request)
@@ -312,6 +317,8 @@ class _Connection(asyncio.Protocol):
                 await stream.end()
             elif response is not None:
                 self.write_response(request, response)
+                if response.on_sent is not None:
+                    response.on_sent()
             else:
                 self.write_response(request, error_response(500, "the handler sent nothing"))
             await self.drain()

@@ -193,15 +193,19 @@ class Result:
     # Indices (in the batch) of the requests an iterative-sequence model asked to run again
     # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE): they have no response yet, or no final one.
     rescheduled: list = field(default_factory=list)
+    # When the worker began the batch (time.perf_counter_ns: CLOCK_MONOTONIC, which the front
+    # shares), for traces.
+    compute_start_ns: int = 0
 
     def to_wire(self) -> list:
         return [RESULT, self.batch_id, [r.to_wire() for r in self.responses],
                 self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns,
-                self.rescheduled]
+                self.rescheduled, self.compute_start_ns]
 
     @staticmethod
     def from_wire(w: list) -> "Result":
-        return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5], w[6])
+        return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5], w[6],
+                      w[7])
 
 
 @dataclass(slots=True)

@@ -488,7 +488,8 @@ class _Run:
                 raise
         request = InferRequest(step.model_name, step.model_version, self.work.request_id,
                                self.parameters, inputs,
-                               [RequestedOutput(name) for name in step.output_map])
+                               [RequestedOutput(name) for name in step.output_map],
+                               trace=self.work.trace)
         task = asyncio.ensure_future(self._step(step, request, batch, held, limit))
         self.tasks.add(task)
         task.add_done_callback(self._step_done)

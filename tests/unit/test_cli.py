@@ -3,6 +3,7 @@
 import pytest
 
 from shmserve.cli import parse_options
+from shmserve.tracing import TraceSettings
 
 
 def test_triton_flags_in_both_spellings():
@@ -28,8 +29,9 @@ def test_defaults_match_tritonserver():
 
 @pytest.mark.parametrize("argv,fragment", [
     (["--model-repository=/r", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "does not support yet"),
-    (["--model-repository=/r", "--trace-level=TIMESTAMPS"], "does not support yet"),
+    (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "file name is not given"),
+    (["--model-repository=/r", "--trace-config=opentelemetry,url=x"], "triton mode only"),
+    (["--model-repository=/r", "--rate-limit=execution_count"], "does not support yet"),
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),
@@ -45,6 +47,20 @@ def test_refusals_are_clear(argv, fragment, capsys):
         parse_options(argv)
     assert e.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_trace_flags():
+    assert parse_options(["--model-repository=/r"])[0].trace == TraceSettings()
+    opts, _ = parse_options(["--model-repository=/r", "--trace-config=triton,file=/t.json",
+                             "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+                             "--trace-config=count=10", "--trace-config=triton,log-frequency=5"])
+    assert opts.trace == TraceSettings(level=("TIMESTAMPS",), rate=1, count=10,
+                                       log_frequency=5, file="/t.json")
+    opts, _ = parse_options(["--model-repository=/r", "--trace-file=/t.json",
+                             "--trace-level=TIMESTAMPS", "--trace-level=TENSORS",
+                             "--trace-rate=2", "--trace-count=3", "--trace-log-frequency=4"])
+    assert opts.trace == TraceSettings(level=("TIMESTAMPS", "TENSORS"), rate=2, count=3,
+                                       log_frequency=4, file="/t.json")
 
 
 def test_auto_complete_switches():
