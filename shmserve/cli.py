@@ -16,6 +16,7 @@ from shmserve.errors import ServerError
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
+from shmserve.summaries import DEFAULT_QUANTILES, parse_quantiles
 from shmserve.tracing import settings_from_flags
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
@@ -229,13 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _metrics_config(settings: list) -> dict:
-    """{counter_latencies, histogram_latencies} from --metrics-config's key=value settings."""
-    metrics = {"counter_latencies": True, "histogram_latencies": False}
+    """{counter_latencies, histogram_latencies, summary_latencies, summary_quantiles} from
+    --metrics-config's key=value settings."""
+    metrics = {"counter_latencies": True, "histogram_latencies": False,
+               "summary_latencies": False, "summary_quantiles": DEFAULT_QUANTILES}
     for setting in settings:
         key, _, value = setting.partition("=")
-        if key in ("summary_latencies", "summary_quantiles"):
-            raise argparse.ArgumentTypeError(f"{key}: shmserve does not support latency "
-                                             f"summaries yet")
+        if key == "summary_quantiles":
+            try:
+                metrics[key] = parse_quantiles(value)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{key}: {exc}") from None
+            continue
         if key not in metrics:
             raise argparse.ArgumentTypeError(f"unknown setting '{key}' (one of "
                                              f"{', '.join(metrics)})")
@@ -309,6 +315,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         metrics_interval_ms=args.metrics_interval_ms,
         metrics_counter_latencies=metrics["counter_latencies"],
         metrics_histogram_latencies=metrics["histogram_latencies"],
+        metrics_summary_quantiles=(metrics["summary_quantiles"]
+                                   if metrics["summary_latencies"] else ()),
         allow_client_shm=args.allow_client_shm,
         cache_size=cache_size,
         trace=trace,

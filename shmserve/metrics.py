@@ -128,7 +128,39 @@ class ModelMetricsCollector:
             yield first_response
         if cached_models:
             yield from cache.values()
+        yield from _summaries(self._registry)
 
+
+
+_SUMMARY_HELP = {
+    "request": "Summary of inference request duration in microseconds (includes cached "
+               "requests)",
+    "queue": "Summary of inference queuing duration in microseconds (includes cached requests)",
+    "compute_input": "Summary of compute input duration in microseconds (does not include "
+                     "cached requests)",
+    "compute_infer": "Summary of compute inference duration in microseconds (does not include "
+                     "cached requests)",
+    "compute_output": "Summary of inference compute output duration in microseconds (does not "
+                      "include cached requests)",
+}
+
+
+def _summaries(registry: Registry):
+    """nv_inference_*_summary_us of the versions that keep summaries (summary_latencies)."""
+    versions = [mv for mv in registry.all_versions() if mv.stats.summaries is not None]
+    if not versions:
+        return
+    for kind, help_text in _SUMMARY_HELP.items():
+        name = f"nv_inference_{kind}_summary_us"
+        family = Metric(name, help_text, "summary")
+        for mv in versions:
+            labels = {"model": mv.name, "version": str(mv.version)}
+            count, total, quantiles = mv.stats.summaries.read(kind)
+            for q, value in quantiles:
+                family.add_sample(name, {**labels, "quantile": repr(q)}, value)
+            family.add_sample(name + "_count", labels, count)
+            family.add_sample(name + "_sum", labels, total)
+        yield family
 
 
 def _first_response_buckets(counts: list) -> list:

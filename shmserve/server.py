@@ -61,6 +61,8 @@ class Options:
     # histogram (off).
     metrics_counter_latencies: bool = True
     metrics_histogram_latencies: bool = False
+    # Quantiles (and errors) of the latency summaries; none: no summaries (Triton's default).
+    metrics_summary_quantiles: tuple = ()
     allow_client_shm: bool = True
     # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     cache_size: int = 0
@@ -105,6 +107,8 @@ class Server:
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
                              load_retries=options.model_load_retry_count,
+                             summary_quantiles=(options.metrics_summary_quantiles
+                                                if options.allow_metrics else ()),
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

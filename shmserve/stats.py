@@ -7,6 +7,9 @@ these at scrape time, so the hot path never touches prometheus_client.
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Optional
+
+from shmserve.summaries import LatencySummaries
 
 # Triton's nv_inference_first_response_histogram_ms buckets (ms), in ns.
 FIRST_RESPONSE_BOUNDS_MS = (100, 500, 2000, 5000)
@@ -65,6 +68,8 @@ class ModelStats:
     first_response_buckets: list = field(
         default_factory=lambda: [0] * (len(FIRST_RESPONSE_BOUNDS_MS) + 1))
     first_response_ns: int = 0
+    # Quantiles of the last minute's durations, with --metrics-config summary_latencies=true.
+    summaries: Optional[LatencySummaries] = None
 
     def record_first_response(self, ns: int) -> None:
         self.first_response_buckets[bisect_left(_FIRST_RESPONSE_BOUNDS_NS, ns)] += 1
@@ -82,6 +87,9 @@ class ModelStats:
         self.compute_input.add(compute_input_ns)
         self.compute_infer.add(compute_infer_ns)
         self.compute_output.add(compute_output_ns)
+        if self.summaries is not None:
+            self.summaries.observe(request_ns, queue_ns, compute_input_ns, compute_infer_ns,
+                                   compute_output_ns)
 
     def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
         """A request answered from the response cache: a success, but no inference."""
@@ -89,6 +97,8 @@ class ModelStats:
         self.success.add(request_ns)
         self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
         self.cache_hit.add(lookup_ns)
+        if self.summaries is not None:
+            self.summaries.observe_cached(request_ns)
 
     def record_execution(self, batch_size: int, timings) -> None:
         """One batch executed (batch_size: the sum of its requests' batch sizes)."""

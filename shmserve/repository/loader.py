@@ -32,6 +32,8 @@ from shmserve.scheduling.ensemble import ENSEMBLE_PLATFORM, EnsemblePlan, Ensemb
 from shmserve.scheduling.sequence import SequenceBatcher
 from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
+from shmserve.stats import ModelStats
+from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve.repository")
 
@@ -47,9 +49,12 @@ def gpu_count() -> int:
 class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
-                 disable_auto_complete=False, load_retries: int = 0):
+                 disable_auto_complete=False, load_retries: int = 0,
+                 summary_quantiles: tuple = ()):
         """`load_retries`: how many more times a version that failed to load is tried
-        (Triton's --model-load-retry-count)."""
+        (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
+        version's latency summaries, none without --metrics-config summary_latencies."""
+        self._summary_quantiles = summary_quantiles
         self.registry = registry
         self.repository = os.path.abspath(repository)
         self._config_name = config_name
@@ -182,12 +187,17 @@ class Loader:
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config,
             config_json=config_to_json(config), signature=ModelSignature.from_config(config),
-            platform=ENSEMBLE_PLATFORM)
+            platform=ENSEMBLE_PLATFORM, stats=self._new_stats())
         mv.scheduler = EnsembleScheduler(plan, self.step_runner, mv.stats)
         mv.state = reg.READY
         log.info("ensemble '%s' version %d is ready (steps: %s)", entry.name, version,
                  ", ".join(step.model_name for step in plan.steps))
         return mv
+
+    def _new_stats(self) -> ModelStats:
+        if not self._summary_quantiles:
+            return ModelStats()
+        return ModelStats(summaries=LatencySummaries(self._summary_quantiles))
 
     async def _load_version(self, rec, entry, config, version: int) -> reg.ModelVersion:
         started = time.monotonic()
@@ -195,7 +205,7 @@ class Loader:
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config, config_json=config_json,
             signature=ModelSignature.from_config(config),
-            platform=config.platform or config.backend)
+            platform=config.platform or config.backend, stats=self._new_stats())
         # A new version shows as LOADING; a reloaded one keeps serving until the swap.
         rec.versions.setdefault(version, mv)
         try:

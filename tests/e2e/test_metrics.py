@@ -153,13 +153,16 @@ def test_a_models_custom_metrics_show_on_the_endpoint_summed_over_its_instances(
     assert samples[("probe_values_sum", labels)] == sum(values)
 
 
-def test_metrics_config_histogram_latencies_times_first_responses(test_repository, tmp_path):
+def test_metrics_config_histogram_and_summary_latencies(test_repository, tmp_path):
     """With histogram_latencies=true each request's first response is timed, a decoupled
-    model's too; with counter_latencies=false the duration counters go."""
+    model's too; with counter_latencies=false the duration counters go; summary_latencies
+    gives the quantiles asked for."""
     server = start_server(test_repository, str(tmp_path / "s.log"),
                           "--model-control-mode=explicit", "--load-model=identity_batch",
                           "--load-model=repeat", "--metrics-config=histogram_latencies=true",
                           "--metrics-config=counter_latencies=false",
+                          "--metrics-config=summary_latencies=true",
+                          "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001",
                           wait_models=("identity_batch", "repeat"))
     try:
         with httpclient.InferenceServerClient(server.http_url) as client:
@@ -174,5 +177,13 @@ def test_metrics_config_histogram_latencies_times_first_responses(test_repositor
         for model in ("identity_batch", "repeat"):
             assert value(samples, "nv_inference_first_response_histogram_ms_count", model) == 1
         assert not any(name.endswith("_duration_us") for name, _ in samples)
+        for kind in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+            name = f"nv_inference_{kind}_summary_us"
+            assert value(samples, name + "_count", "identity_batch") == 1
+            median = value(samples, name, "identity_batch", quantile="0.5")
+            assert median == value(samples, name, "identity_batch", quantile="0.99")
+            assert median == pytest.approx(value(samples, name + "_sum", "identity_batch"))
+        request_us = value(samples, "nv_inference_request_summary_us", "repeat", quantile="0.5")
+        assert 0 < request_us < 10_000_000
     finally:
         stop_server(server)

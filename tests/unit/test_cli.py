@@ -3,6 +3,7 @@
 import pytest
 
 from shmserve.cli import parse_options
+from shmserve.summaries import DEFAULT_QUANTILES
 from shmserve.tracing import TraceSettings
 
 
@@ -35,7 +36,7 @@ def test_defaults_match_tritonserver():
     (["--model-repository=/r", "--cache-config=redis,host=x"], "only 'local'"),
     (["--model-repository=/r", "--strict-readiness=maybe"], "expected true or false"),
     (["--model-repository=/r", "--http-header-forward-pattern=("], "not a regular expression"),
-    (["--model-repository=/r", "--metrics-config=summary_latencies=true"], "summaries"),
+    (["--model-repository=/r", "--metrics-config=summary_quantiles=0.5"], "<quantile>:<error>"),
     (["--model-repository=/r", "--metrics-config=colour=blue"], "unknown setting"),
     (["--model-repository=/r", "--metrics-config=histogram_latencies=maybe"],
      "expected true or false"),
@@ -179,3 +180,12 @@ def test_metrics_config():
     assert not options.metrics_counter_latencies and options.metrics_histogram_latencies
     options, _ = parse_options(["--model-repository=/r"])
     assert options.metrics_counter_latencies and not options.metrics_histogram_latencies
+
+
+def test_latency_summary_flags():
+    assert parse_options(["--model-repository=/r"])[0].metrics_summary_quantiles == ()
+    opts, _ = parse_options(["--model-repository=/r", "--metrics-config=summary_latencies=true"])
+    assert opts.metrics_summary_quantiles == DEFAULT_QUANTILES
+    opts, _ = parse_options(["--model-repository=/r", "--metrics-config=summary_latencies=1",
+                             "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001"])
+    assert opts.metrics_summary_quantiles == ((0.5, 0.05), (0.99, 0.001))

@@ -2,6 +2,7 @@
 through a fake NVML module (there is no GPU here), sampling throttled by the interval."""
 
 import asyncio
+import math
 import sys
 import types
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetri
                               CustomMetricsCollector, Throttled, build_metrics_server,
                               exposition)
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
+from shmserve.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from tests.conftest import metric_samples
 
 MS = 1_000_000  # ns
@@ -328,3 +330,52 @@ def test_metrics_config_switches_the_latency_counters_and_the_first_response_his
     key = (("model", "m"), ("version", "1"))
     assert switched[("nv_inference_first_response_histogram_ms_sum", key)] == 6150
     assert switched[("nv_inference_first_response_histogram_ms_count", key)] == 2
+
+
+def test_latency_summaries_read_quantiles_of_the_last_minute():
+    now = [0.0]
+    stats = ModelStats(summaries=LatencySummaries(((0.5, 0.05), (0.99, 0.001)),
+                                                  clock=lambda: now[0]))
+    for ms in range(1, 101):
+        stats.record_success(batch_size=1, request_ns=ms * MS, queue_ns=2 * ms * MS,
+                             compute_input_ns=0, compute_infer_ns=ms * MS, compute_output_ns=0)
+    stats.record_cache_hit(request_ns=50 * MS, lookup_ns=MS)
+    samples = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    key = (("model", "m"), ("version", "1"))
+
+    def quantile(kind, q):
+        return samples[(f"nv_inference_{kind}_summary_us", (*key[:1], ("quantile", q), *key[1:]))]
+
+    assert quantile("request", "0.5") == 50_000 and quantile("request", "0.99") == 99_000
+    assert quantile("queue", "0.5") == 100_000
+    assert samples[("nv_inference_request_summary_us_count", key)] == 101  # the cached one too
+    assert samples[("nv_inference_queue_summary_us_count", key)] == 100
+    assert samples[("nv_inference_compute_infer_summary_us_sum", key)] == 5050 * 1000
+    # A minute later the window is empty: NaN quantiles, cumulative count and sum.
+    now[0] = 61.0
+    later = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    assert later[("nv_inference_request_summary_us_count", key)] == 101
+    assert math.isnan(later[("nv_inference_request_summary_us",
+                             (("model", "m"), ("quantile", "0.5"), ("version", "1")))])
+    # Without summary_latencies there are none.
+    assert not any("summary" in n for n, _ in scrape(
+        ModelMetricsCollector(FakeRegistry(model(stats=ModelStats())))))
+
+
+def test_summaries_keep_a_bounded_sample_of_a_busy_minute():
+    now = [0.0]
+    summaries = LatencySummaries(clock=lambda: now[0])
+    for i in range(50_000):
+        summaries.observe(i * 1000, 0, 0, 0, 0)  # 0 .. 49,999 us, uniform
+    count, total, quantiles = summaries.read("request")
+    assert count == 50_000 and total == sum(range(50_000))
+    assert len(summaries.windows["request"]._buckets[-1].samples) == SAMPLES_PER_BUCKET
+    for q, got in quantiles:
+        assert abs(got / 50_000 - q) < 0.04, (q, got)
+    # Older age buckets leave the window one by one: the newest observations decide.
+    now[0] = 13.0
+    for _ in range(1000):
+        summaries.observe(10 ** 9, 0, 0, 0, 0)  # 1,000,000 us
+    assert dict(summaries.read("request")[2])[0.999] == 1_000_000
+    now[0] = 62.0
+    assert dict(summaries.read("request")[2])[0.5] == 1_000_000
