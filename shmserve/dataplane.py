@@ -259,6 +259,12 @@ class DataPlane:
                 and not work.regions:
             key, hit = self._cache_lookup(request, mv, work, started)
             if hit is not None:
+                if work.trace is not None:
+                    now = time.perf_counter_ns()
+                    work.trace.stamp("INFER_RESPONSE_COMPLETE", now)
+                    work.trace.stamp("REQUEST_END", now)
+                    hit.trace = work.trace
+                    asyncio.get_running_loop().call_soon(work.trace.finish)
                 return hit
         mv.stats.inflight += 1
         _hold_regions(work)

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
 
-MODELS = ("identity_fp32", "ens_large", "stream_probe")
+MODELS = ("identity_fp32", "ens_large", "stream_probe", "cache_probe")
 # The order a request's timestamps must come in (the transport's, where it has them, around).
 CORE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
               "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -33,7 +33,8 @@ def traced(test_repository, tmp_path_factory):
     server = start_server(test_repository, str(folder / "s.log"), *_load_flags(),
                           f"--trace-config=triton,file={folder}/trace.json",
                           "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
-                          "--trace-config=triton,log-frequency=1", wait_models=MODELS)
+                          "--trace-config=triton,log-frequency=1",
+                          "--cache-config=local,size=1048576", wait_models=MODELS)
     server.trace_folder = folder
     yield server
     stop_server(server)
@@ -195,6 +196,21 @@ def test_each_response_of_a_decoupled_model_is_stamped(traced):
     assert names.count("INFER_RESPONSE_COMPLETE") == 4  # three responses and the final flag
     assert_in_order(stamps(events), ["REQUEST_START", "QUEUE_START", "COMPUTE_START",
                                      "REQUEST_END"])
+
+
+def test_a_response_from_the_cache_is_traced_without_compute(traced):
+    http = httpclient.InferenceServerClient(traced.http_url)
+    with closing(http):
+        for request_id in ("cache-miss", "cache-hit"):
+            tensor = httpclient.InferInput("INPUT0", [2], "FP32")
+            tensor.set_data_from_numpy(np.array([4, 2], np.float32))
+            http.infer("cache_probe", [tensor], request_id=request_id)
+    (missed,) = traces_of(traced.trace_folder, "cache-miss")
+    (hit,) = traces_of(traced.trace_folder, "cache-hit")
+    assert_in_order(stamps(missed), CORE_ORDER)
+    assert_in_order(stamps(hit), ["HTTP_RECV_START", "REQUEST_START",
+                                  "INFER_RESPONSE_COMPLETE", "REQUEST_END", "HTTP_SEND_END"])
+    assert "COMPUTE_START" not in stamps(hit) and "QUEUE_START" not in stamps(hit)
 
 
 def test_rate_and_count_pick_the_traced_requests(traced):

@@ -27,11 +27,13 @@ from shmserve.dataplane import _prepare
 from shmserve.errors import Code, ServerError
 from shmserve.grpc import codec as grpc_codec
 from shmserve.http import generate
+from shmserve.http.app import _trace_changes
 from shmserve.http.codec import OutputFormat, decode_infer_request, encode_infer_response
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.shared_memory import RegionSlice, SharedMemoryManager, decode_raw_handle
 from shmserve.signature import ModelSignature
+from shmserve.tracing import SETTING_NAMES, TraceSettings, Tracer, parse_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLIENT_CODES = {Code.INVALID_ARG, Code.NOT_FOUND, Code.UNAVAILABLE, Code.UNSUPPORTED,
@@ -765,6 +767,35 @@ def test_shm_references(regions, params, region):
 def test_cuda_raw_handle(text):
     raw = outcome("shm_register", decode_raw_handle, text)
     assert raw is None or len(raw) == 64
+
+
+_TRACE_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
+              st.sampled_from(["OFF", "TIMESTAMPS", "TENSORS", "0", "1", "-1", "-2", "1000",
+                               "4294967296", " 7", "1e3", ""]), st.text(max_size=12)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=2)),
+    max_leaves=6)
+
+
+@FUZZ
+@given(st.dictionaries(st.one_of(st.sampled_from(SETTING_NAMES), st.text(max_size=8)),
+                       _TRACE_VALUES, max_size=6), st.sampled_from(["", "m"]))
+def test_trace_settings(body, model):
+    tracer = Tracer(TraceSettings(file="trace.json"))  # no trace is taken: nothing is written
+    before = tracer.settings(model)
+    changes = outcome("trace_settings", _trace_changes, body)
+    after = None
+    if changes is not None:
+        after = outcome(None, lambda: tracer.update(model, parse_changes(changes)))
+    if after is None:
+        assert tracer.settings(model) == before  # a refused change changes nothing
+        return
+    assert after == tracer.settings(model)
+    levels = after["trace_level"]
+    assert levels == ["OFF"] or (levels and set(levels) <= {"TIMESTAMPS", "TENSORS"})
+    assert 1 <= int(after["trace_rate"]) < 2**32 and int(after["trace_count"]) >= -1
+    assert int(after["log_frequency"]) >= 0
 
 
 # ---------------------------------------------------------------- claims of 100 GB
