@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -94,12 +95,10 @@ def _levels(values: list) -> tuple:
 
 
 def _number(name: str, text: str) -> int:
-    try:
-        value = int(text, 10) if text.strip().lstrip("-").isdigit() else None
-    except ValueError:
-        value = None
-    if value is None:
+    # ASCII digits only: int() would also take "1_000", "+5" and other scripts' digits.
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
         raise ServerError(Code.INVALID_ARG, f"Unable to parse '{name}', got: {text}")
+    value = int(text)
     if name == "trace_count" and value < -1:
         raise ServerError(Code.INVALID_ARG, f"Unable to parse 'trace_count'. Expecting value "
                                             f">= -1, got:{text}")
