@@ -13,6 +13,7 @@ import sys
 from shmserve import logs, restricted_api
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
+from shmserve.grpc import tls
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
@@ -22,8 +23,7 @@ from shmserve.tracing import settings_from_flags
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
     "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port",
-    "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port", "grpc-use-ssl",
-    "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
+    "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port",
     "grpc-infer-response-compression-level", "model-namespacing",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-connection-age-grace", type=_non_negative_int, default=0,
                    metavar="MS", help="then close it this much later if calls are still "
                                       "open (0: once they end)")
+    p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
+                   help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
+    p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
+                   help="TLS that also asks clients for a certificate signed by "
+                        "--grpc-root-cert")
+    for flag in ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"):
+        p.add_argument(flag, default=None, metavar="PEM_FILE")
     for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
         p.add_argument(flag, action="append", default=[],
                        metavar="<category>[,<category>...]:<header>=<value>",
@@ -270,6 +277,14 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
     except argparse.ArgumentTypeError as exc:
         build_parser().error(f"--metrics-config {exc}")
     try:
+        grpc_tls = tls.settings_from_flags(args.grpc_use_ssl, args.grpc_use_ssl_mutual,
+                                           args.grpc_server_cert, args.grpc_server_key,
+                                           args.grpc_root_cert)
+        if grpc_tls is not None:
+            tls.server_context(grpc_tls)  # unreadable files are refused before anything starts
+    except tls.TlsConfigError as exc:
+        build_parser().error(str(exc))
+    try:
         trace = settings_from_flags(args.trace_config, file=args.trace_file,
                                     levels=args.trace_level, rate=args.trace_rate,
                                     count=args.trace_count,
@@ -298,6 +313,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        grpc_tls=grpc_tls,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

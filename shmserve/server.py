@@ -16,6 +16,7 @@ from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.supervisor import Supervisor
+from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.ipc import shm
 from shmserve.registry import Registry
@@ -83,6 +84,7 @@ class Options:
     # GOAWAY to connections older than this (ms; 0: no limit), closed after the grace.
     grpc_max_connection_age_ms: int = 0
     grpc_max_connection_age_grace_ms: int = 0
+    grpc_tls: Optional[TlsSettings] = None  # TLS for gRPC (--grpc-use-ssl[-mutual])
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -177,7 +179,8 @@ class Server:
                  opts.grpc_keepalive_permit_without_calls),
                 (opts.grpc_max_connection_age_ms / 1000,
                  opts.grpc_max_connection_age_grace_ms / 1000))
-            await self._grpc.start(opts.grpc_address, opts.grpc_port)
+            await self._grpc.start(opts.grpc_address, opts.grpc_port,
+                                   server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:
             from shmserve.metrics import build_metrics_server
             server = build_metrics_server(self.registry,

@@ -581,10 +581,14 @@ class GrpcServer:
         self._server: asyncio.AbstractServer | None = None
         self._idle: asyncio.Event | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl_context=None) -> None:
+        """`ssl_context`: serve TLS (see tls.py); the handshake counts against the same
+        timeout as HTTP/2's."""
         loop = asyncio.get_running_loop()
+        tls = {} if ssl_context is None else {"ssl": ssl_context,
+                                              "ssl_handshake_timeout": self.handshake_timeout}
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
-                                                reuse_address=True)
+                                                reuse_address=True, **tls)
 
     def idle_check(self) -> None:
         if self._idle is not None and not any(c.calls for c in self.connections):
