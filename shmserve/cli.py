@@ -13,6 +13,7 @@ import sys
 from shmserve import logs, restricted_api
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
+from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
@@ -22,7 +23,7 @@ from shmserve.tracing import settings_from_flags
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
-    "rate-limit", "rate-limit-resource", "allow-sagemaker", "sagemaker-port",
+    "allow-sagemaker", "sagemaker-port",
     "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port",
     "grpc-infer-response-compression-level", "model-namespacing",
 )
@@ -187,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-connection-age-grace", type=_non_negative_int, default=0,
                    metavar="MS", help="then close it this much later if calls are still "
                                       "open (0: once they end)")
+    p.add_argument("--rate-limit", choices=("off", "execution_count"), default="off",
+                   help="execution_count: instances whose instance_group lists rate_limiter "
+                        "resources run only while those resources are free")
+    p.add_argument("--rate-limit-resource", action="append", default=[],
+                   metavar="<name>:<count>[:<device>]",
+                   help="copies of a rate limiter resource (default: the most any instance "
+                        "asks for)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
@@ -285,6 +293,10 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
     except tls.TlsConfigError as exc:
         build_parser().error(str(exc))
     try:
+        rate_limit_resources = tuple(parse_resource(r) for r in args.rate_limit_resource)
+    except ValueError as exc:
+        build_parser().error(f"--rate-limit-resource: {exc}")
+    try:
         trace = settings_from_flags(args.trace_config, file=args.trace_file,
                                     levels=args.trace_level, rate=args.trace_rate,
                                     count=args.trace_count,
@@ -314,6 +326,8 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         grpc_tls=grpc_tls,
+        rate_limit=args.rate_limit == "execution_count",
+        rate_limit_resources=rate_limit_resources,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

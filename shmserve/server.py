@@ -15,6 +15,7 @@ from typing import Optional
 from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
+from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
@@ -85,6 +86,9 @@ class Options:
     grpc_max_connection_age_ms: int = 0
     grpc_max_connection_age_grace_ms: int = 0
     grpc_tls: Optional[TlsSettings] = None  # TLS for gRPC (--grpc-use-ssl[-mutual])
+    # --rate-limit=execution_count, and the --rate-limit-resource (name, count, device or None)
+    rate_limit: bool = False
+    rate_limit_resources: tuple = ()
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -111,6 +115,8 @@ class Server:
                              load_retries=options.model_load_retry_count,
                              summary_quantiles=(options.metrics_summary_quantiles
                                                 if options.allow_metrics else ()),
+                             rate_limiter=(RateLimiter(options.rate_limit_resources)
+                                           if options.rate_limit else None),
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

@@ -22,9 +22,14 @@ class InstancePool:
     gives a future, or a coroutine, of (responses, timings)), so the schedulers above can be
     tested with fake instances."""
 
-    def __init__(self, instances: list, depth: int = PIPELINE_DEPTH):
+    def __init__(self, instances: list, depth: int = PIPELINE_DEPTH, limiter=None):
+        """`limiter`: the server's RateLimiter (--rate-limit=execution_count), which the
+        instances it limits must satisfy too; they hold one batch at a time."""
         self.instances = list(instances)
         self.depth = depth
+        self._limiter = limiter
+        self._depth = {i: 1 if limiter is not None and limiter.limits(i) else depth
+                       for i in self.instances}
         self._load = dict.fromkeys(self.instances, 0)
         self._waiters: collections.deque = collections.deque()
         self._listeners: list = []
@@ -50,8 +55,13 @@ class InstancePool:
         """An instance with room for one more batch, or None; never waits."""
         inst = self._pick()
         if inst is not None:
-            self._load[inst] += 1
+            self._take(inst)
         return inst
+
+    def _take(self, inst) -> None:
+        self._load[inst] += 1
+        if self._limiter is not None:
+            self._limiter.take(inst)
 
     def has_room(self) -> bool:
         return self._pick() is not None
@@ -59,28 +69,33 @@ class InstancePool:
     def try_acquire_instance(self, inst) -> bool:
         """Take room for one more batch on this very instance (the sequence batcher binds a
         sequence to one); False when it is full or not alive."""
-        if not inst.alive or self._load[inst] >= self.depth:
+        if not inst.alive or self._load[inst] >= self._depth[inst] or not self._fits(inst):
             return False
-        self._load[inst] += 1
+        self._take(inst)
         return True
 
     def _pick(self):
         best = None
         best_load = self.depth
+        limiter = self._limiter
         for inst in self.instances:
             load = self._load[inst]
-            if load < best_load and inst.alive:
+            if load < best_load and load < self._depth[inst] and inst.alive \
+                    and (limiter is None or limiter.fits(inst, self)):
                 best, best_load = inst, load
                 if load == 0:
                     break
         return best
+
+    def _fits(self, inst) -> bool:
+        return self._limiter is None or self._limiter.fits(inst, self)
 
     async def acquire(self):
         """An instance with room for one more batch; waits while all are full."""
         while True:
             inst = self._pick()
             if inst is not None:
-                self._load[inst] += 1
+                self._take(inst)
                 return inst
             if self._closed or not any(i.alive for i in self.instances):
                 raise ServerError(Code.UNAVAILABLE, "no model instance is available")
@@ -96,12 +111,20 @@ class InstancePool:
     def release(self, inst) -> None:
         if self._load[inst] > 0:
             self._load[inst] -= 1
+            if self._limiter is not None:
+                self._limiter.give_back(inst, self)  # may wake other models' pools first
         self._wake_next()
         self._notify()
+
+    def resources_freed(self) -> None:
+        """The rate limiter has resources for one of these instances again."""
+        self.wake_all()
 
     def instance_back(self, inst) -> None:
         """A restarted instance takes work again; its old batches all failed."""
         self._load[inst] = 0
+        if self._limiter is not None:
+            self._limiter.drop_held(inst)
         self.wake_all()
 
     def wake_all(self) -> None:
@@ -125,6 +148,9 @@ class InstancePool:
 
     def close(self) -> None:
         self._closed = True
+        if self._limiter is not None:
+            for inst in self.instances:
+                self._limiter.remove(inst)
         self.wake_all()
 
 

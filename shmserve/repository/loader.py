@@ -22,6 +22,7 @@ from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
 from shmserve.dispatch.pool import InstancePool
+from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg
 from shmserve.repository.autocomplete import complete_model_config
@@ -50,10 +51,12 @@ class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
                  disable_auto_complete=False, load_retries: int = 0,
-                 summary_quantiles: tuple = ()):
+                 summary_quantiles: tuple = (), rate_limiter=None):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
-        version's latency summaries, none without --metrics-config summary_latencies."""
+        version's latency summaries, none without --metrics-config summary_latencies;
+        `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None."""
+        self._rate_limiter = rate_limiter
         self._summary_quantiles = summary_quantiles
         self.registry = registry
         self.repository = os.path.abspath(repository)
@@ -221,17 +224,24 @@ class Loader:
             gpus = list(group.gpus) if kind == "GPU" else [0]
             index = 0  # Triton numbers a group's instances across its devices
             for device in gpus:
+                needs = (needs_of(group, device if kind == "GPU" else 0)
+                         if self._rate_limiter is not None else None)
                 for _ in range(group.count):
-                    workers.append(WorkerHandle(
+                    worker = WorkerHandle(
                         model_name=entry.name, model_version=version, model_dir=entry.path,
                         model_repository=entry.path, model_config=config_json,
                         instance_name=f"{group.name}_{index}", instance_kind=kind,
                         device_id=device if kind == "GPU" else 0,
-                        on_exit=self._on_instance_exit, on_server_call=self.server_calls))
+                        on_exit=self._on_instance_exit, on_server_call=self.server_calls)
+                    if needs is not None:
+                        self._rate_limiter.add(worker, needs)
+                    workers.append(worker)
                     index += 1
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        pool = InstancePool(workers)
+        limiter = self._rate_limiter
+        pool = InstancePool(workers, limiter=limiter if limiter is not None
+                            and any(limiter.limits(w) for w in workers) else None)
         if not errors:
             try:
                 mv.scheduler = _scheduler(config, config_json, pool, mv.stats, entry.path,
@@ -239,6 +249,7 @@ class Loader:
             except ServerError as exc:  # a broken batch_strategy.py
                 errors.append(exc)
         if errors:
+            pool.close()
             await asyncio.gather(*(w.stop() for w in workers))
             err = errors[0]
             mv.state = reg.UNAVAILABLE
