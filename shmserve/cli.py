@@ -15,6 +15,7 @@ from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
 from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
+from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
@@ -195,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="<name>:<count>[:<device>]",
                    help="copies of a rate limiter resource (default: the most any instance "
                         "asks for)")
+    p.add_argument("--worker-spin-us", type=_non_negative_int, default=DEFAULT_SPIN_US,
+                   metavar="US", help="how long a worker polls for its next batch before it "
+                                      "sleeps, while the machine has half a core idle "
+                                      f"(default {DEFAULT_SPIN_US}; 0: never)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
@@ -328,6 +333,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_tls=grpc_tls,
         rate_limit=args.rate_limit == "execution_count",
         rate_limit_resources=rate_limit_resources,
+        worker_spin_us=args.worker_spin_us,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

@@ -20,6 +20,7 @@ from shmserve.dispatch.supervisor import Supervisor
 from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.ipc import shm
+from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
@@ -89,6 +90,9 @@ class Options:
     # --rate-limit=execution_count, and the --rate-limit-resource (name, count, device or None)
     rate_limit: bool = False
     rate_limit_resources: tuple = ()
+    # shmserve's own: how long a worker polls for its next batch before it sleeps, while
+    # the machine has a core to spare (0: never).
+    worker_spin_us: int = DEFAULT_SPIN_US
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -117,6 +121,7 @@ class Server:
                                                 if options.allow_metrics else ()),
                              rate_limiter=(RateLimiter(options.rate_limit_resources)
                                            if options.rate_limit else None),
+                             worker_spin_us=options.worker_spin_us,
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

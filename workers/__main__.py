@@ -69,10 +69,12 @@ def main(argv: list) -> int:
 
     from shmserve.ipc import messages
     from shmserve.ipc.channel import SyncChannel
+    from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
     from shmserve.ipc.shm import Segment
     from workers.runner import ModelRunner
 
-    channel = SyncChannel(socket.socket(fileno=fd))
+    spin_us = int(argv[2]) if len(argv) > 2 else DEFAULT_SPIN_US
+    channel = SyncChannel(socket.socket(fileno=fd), spin=IdleSpin(spin_us) if spin_us else None)
     init = channel.recv()
     if not isinstance(init, messages.Init):
         return 2

@@ -32,6 +32,7 @@ from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
+from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.ipc.request_table import SIZE as REQUEST_TABLE_BYTES
 from shmserve.ipc.request_table import RequestTable, RowAllocator
 from shmserve.shared_memory import CudaRegion, Region, RegionSlice, segment_region
@@ -120,10 +121,13 @@ class WorkerHandle:
                  model_repository: str, model_config: dict, instance_name: str,
                  instance_kind: str, device_id: int,
                  on_exit: Optional[Callable[["WorkerHandle"], None]] = None,
-                 on_server_call: Optional[Callable] = None):
+                 on_server_call: Optional[Callable] = None, spin_us: int = DEFAULT_SPIN_US):
         """`on_server_call(handle, ServerCall)` serves the model's calls into the server
-        (BLS, model control), answered with `reply`."""
+        (BLS, model control), answered with `reply`; `spin_us`: how long the worker polls
+        for its next frame before it blocks, while the machine has a core to spare (0:
+        never; see ipc/idle_spin.py)."""
         self.instance_name = instance_name
+        self._spin_us = spin_us
         self._init_args = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,
                                model_config=model_config, instance_name=instance_name,
@@ -193,7 +197,7 @@ class WorkerHandle:
         try:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "workers", str(child.fileno()),
+                sys.executable, "-m", "workers", str(child.fileno()), str(self._spin_us),
                 pass_fds=(child.fileno(),), stdin=stdin, stdout=stdout, stderr=stderr,
                 env=worker_env())
             await worker_log.started(self._process.pid)

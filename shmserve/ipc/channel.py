@@ -6,11 +6,14 @@ the worker's end (blocking socket; `send` may be called from several threads).
 
 import asyncio
 import collections
+import os
 import socket
 import threading
+import time
 from typing import Callable, Optional
 
 from shmserve.ipc import codec
+from shmserve.ipc.idle_spin import IdleSpin
 
 
 # Frames handled per turn of the event loop. A streaming worker can deliver hundreds of frames
@@ -83,20 +86,37 @@ class AsyncChannel(asyncio.Protocol):
 
 
 class SyncChannel:
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, spin: Optional[IdleSpin] = None):
+        """`spin`: when to poll for the next frame before blocking (see idle_spin.py)."""
         self._sock = sock
         self._splitter = codec.FrameSplitter()
         self._pending: list = []
         self._send_lock = threading.Lock()
+        self._spin = spin
 
     def recv(self):
         """Next message, or None when the peer closed the socket."""
         while not self._pending:
-            data = self._sock.recv(1 << 16)
+            spin = self._spin
+            data = self._poll(spin) if spin is not None and spin.should_spin() else None
+            if data is None:
+                data = self._sock.recv(1 << 16)
             if not data:
                 return None
             self._pending.extend(self._splitter.feed(data))
         return codec.decode_body(self._pending.pop(0))
+
+    def _poll(self, spin: IdleSpin):
+        """The next bytes if they come within the spin time, else None. MSG_DONTWAIT rather
+        than a non-blocking socket: model threads may be sending on it meanwhile."""
+        deadline = time.perf_counter() + spin.spin_s
+        while True:
+            try:
+                return self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() >= deadline:
+                    return None
+                os.sched_yield()  # a thread or process that has work runs first
 
     def send(self, message) -> None:
         header, body = codec.encode(message)

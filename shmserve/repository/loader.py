@@ -25,6 +25,7 @@ from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg
+from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import scan_repository, select_versions
 from shmserve.scheduling.default import DefaultScheduler
@@ -51,12 +52,15 @@ class Loader:
     def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
                  disable_auto_complete=False, load_retries: int = 0,
-                 summary_quantiles: tuple = (), rate_limiter=None):
+                 summary_quantiles: tuple = (), rate_limiter=None,
+                 worker_spin_us: int = DEFAULT_SPIN_US):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
-        `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None."""
+        `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None;
+        `worker_spin_us`: the workers' polling between batches (--worker-spin-us)."""
         self._rate_limiter = rate_limiter
+        self._worker_spin_us = worker_spin_us
         self._summary_quantiles = summary_quantiles
         self.registry = registry
         self.repository = os.path.abspath(repository)
@@ -232,7 +236,8 @@ class Loader:
                         model_repository=entry.path, model_config=config_json,
                         instance_name=f"{group.name}_{index}", instance_kind=kind,
                         device_id=device if kind == "GPU" else 0,
-                        on_exit=self._on_instance_exit, on_server_call=self.server_calls)
+                        on_exit=self._on_instance_exit, on_server_call=self.server_calls,
+                        spin_us=self._worker_spin_us)
                     if needs is not None:
                         self._rate_limiter.add(worker, needs)
                     workers.append(worker)
