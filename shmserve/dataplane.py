@@ -364,7 +364,7 @@ class DataPlane:
         finally:
             mv.stats.inflight -= 1
             _release_regions(work)
-            if work.trace is not None:
+            if work.trace is not None and not mv.decoupled:
                 work.trace.finish()
 
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
@@ -410,6 +410,12 @@ class DataPlane:
                     record(run)
                 else:
                     run.add_done_callback(record)
+            if work.trace is not None:
+                # Written once the execution ended too, with its compute times.
+                if run.done():
+                    work.trace.finish()
+                else:
+                    run.add_done_callback(lambda _: work.trace.finish())
 
     def _model(self, request: InferRequest):
         if not self.accepting:

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
 
-MODELS = ("identity_fp32", "ens_large", "stream_probe", "cache_probe")
+MODELS = ("identity_fp32", "ens_large", "stream_probe", "repeat", "cache_probe")
 # The order a request's timestamps must come in (the transport's, where it has them, around).
 CORE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
               "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -180,22 +180,27 @@ def test_the_steps_of_an_ensemble_are_its_child_traces(traced):
                                      "INFER_RESPONSE_COMPLETE", "REQUEST_END"])
 
 
-def test_each_response_of_a_decoupled_model_is_stamped(traced):
+@pytest.mark.parametrize("model,name", [
+    # stream_probe answers from a thread of its own, after execute() returned; repeat answers
+    # within execute(), whose end (and compute times) comes after the final response.
+    ("stream_probe", "COUNT"), ("repeat", "IN")])
+def test_each_response_of_a_decoupled_model_is_stamped(traced, model, name):
     results = queue.Queue()
     with grpcclient.InferenceServerClient(traced.grpc_url) as grpc:
         grpc.start_stream(callback=lambda result, error: results.put((result, error)))
-        count = grpcclient.InferInput("COUNT", [1], "INT32")
-        count.set_data_from_numpy(np.array([3], np.int32))
-        grpc.async_stream_infer("stream_probe", [count], request_id="streamed",
+        value = grpcclient.InferInput(name, [1] if name == "COUNT" else [3], "INT32")
+        value.set_data_from_numpy(np.array([3] if name == "COUNT" else [7, 8, 9], np.int32))
+        grpc.async_stream_infer(model, [value], request_id=f"streamed-{model}",
                                 enable_empty_final_response=True)
         got = [results.get(timeout=10) for _ in range(4)]
         grpc.stop_stream()
     assert all(error is None for _, error in got)
-    (events,) = traces_of(traced.trace_folder, "streamed")
+    (events,) = traces_of(traced.trace_folder, f"streamed-{model}")
     names = [t["name"] for e in events for t in e.get("timestamps", [])]
     assert names.count("INFER_RESPONSE_COMPLETE") == 4  # three responses and the final flag
     assert_in_order(stamps(events), ["REQUEST_START", "QUEUE_START", "COMPUTE_START",
-                                     "REQUEST_END"])
+                                     "COMPUTE_INPUT_END", "REQUEST_END"])
+    assert "COMPUTE_END" in stamps(events)
 
 
 def test_a_response_from_the_cache_is_traced_without_compute(traced):
