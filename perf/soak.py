@@ -71,14 +71,18 @@ class Tally:
         self.lock = threading.Lock()
         self.sent, self.served, self.errors = Counter(), Counter(), Counter()
         self.first_errors: list[str] = []
+        # Successes the server counts beyond one a request: the steps of iterative requests
+        # after their first (Triton counts every step).
+        self.more_steps = 0
 
     def send(self, kind: str) -> None:
         with self.lock:
             self.sent[kind] += 1
 
-    def ok(self, kind: str) -> None:
+    def ok(self, kind: str, steps: int = 1) -> None:
         with self.lock:
             self.served[kind] += 1
+            self.more_steps += steps - 1
 
     def error(self, client: str, exc: Exception) -> None:
         with self.lock:
@@ -314,6 +318,8 @@ class GenerateStream(Client):
                    f"{kind}: {len(text)} characters, {events[-1:]}")
             expect(self.texts.setdefault(prompt, text) == text,
                    f"{kind}: greedy text for {prompt!r} changed: {self.texts[prompt]!r} then {text!r}")
+            self.tally.ok(kind, steps=len(text))  # one decode step a character
+            return
         else:
             kind = "http generate_stream square"
             n = int(rng.integers(1, 7))
@@ -530,7 +536,8 @@ def report(args, tally: Tally, samples: list[dict], warm: dict, end: dict, error
     lost = sum(tally.sent.values()) - sum(tally.served.values())
     lines += ["", f"requests served: {sum(tally.served.values())}; lost (sent − correctly answered): {lost}",
               f"server's nv_inference_request_success at the end: {sum(end['metrics']['success'].values())} "
-              f"(expected {server_successes(tally)}: ensemble requests count their two steps too)",
+              f"(expected {server_successes(tally)}: ensemble requests count their two steps too, "
+              f"iterative requests each of their decode steps)",
               "errors by kind: " + (", ".join(f"{k} × {n}" for k, n in sorted(tally.errors.items())) or "none"),
               "server failures by reason (metrics): " + (json.dumps(end["metrics"]["failure"])), "",
               "## Samples", "",
@@ -547,10 +554,11 @@ def report(args, tally: Tally, samples: list[dict], warm: dict, end: dict, error
 
 
 def server_successes(tally: Tally) -> int:
-    """What nv_inference_request_success must add up to: every request served, and for each
-    ensemble_pipeline request its two add_sub steps as well."""
+    """What nv_inference_request_success must add up to: every request served, for each
+    ensemble_pipeline request its two add_sub steps as well, and every decode step of an
+    iterative request."""
     ensembles = sum(n for kind, n in tally.served.items() if kind.endswith("ensemble_pipeline"))
-    return sum(tally.served.values()) + 2 * ensembles
+    return sum(tally.served.values()) + 2 * ensembles + tally.more_steps
 
 
 def log_levels(path) -> dict:
