@@ -164,7 +164,7 @@ class Tracer:
         if model:
             override = {**self._overrides.get(model, {}), **changes}
             override = {k: v for k, v in override.items() if v is not None}
-            settings = _checked(dataclasses.replace(self._global.settings, **override))
+            _checked(dataclasses.replace(self._global.settings, **override))  # or refused
             if override:
                 self._overrides[model] = override
             else:

@@ -16,10 +16,7 @@ one of priority 1. Instances without resources are not limited at all.
 """
 
 import collections
-import logging
 from dataclasses import dataclass
-
-log = logging.getLogger("shmserve.dispatch")
 
 GLOBAL = "GLOBAL"  # the device of a resource shared by all devices
 
