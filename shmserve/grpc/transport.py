@@ -198,7 +198,6 @@ class _Connection(asyncio.Protocol):
 
     # Writing
     def flush(self) -> None:
-        self._flush_scheduled = False
         chunks = self.http2.data_to_send()
         if chunks and not self.transport.is_closing():
             self.transport.writelines(chunks)
@@ -207,7 +206,11 @@ class _Connection(asyncio.Protocol):
         """Responses that leave in the same loop iteration share one write."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
 
     def goaway(self) -> None:
         self.http2.close_connection()
@@ -448,7 +451,13 @@ class _Connection(asyncio.Protocol):
         responses = call.method.handler(call, call)
         try:
             async for response in responses:
+                # A burst of responses (a decoupled model answering many at once) is taken
+                # without a pause: its first one goes out now, not after the whole burst was
+                # encoded; the rest share the write at the end of the loop iteration.
+                first_of_burst = not self._flush_scheduled
                 await self._send_message(call, serialize(response))
+                if first_of_burst:
+                    self.flush()
         finally:
             await responses.aclose()
 
