@@ -8,11 +8,13 @@ it, and outputs the client asked into its region are written there (see regions.
 
 A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
 them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
-to its client: past that, the sender waits (the backpressure of a slow reader), unless the
-request is cancelled, whose responses are dropped here. Until its first response has been
-handed over, the window is one response: a model that streams as fast as it can would
-otherwise take the CPU that the first response needs to reach its client (time to first
-response matters most to a streaming client).
+to its client: past that, the sender sleeps until half the window is free (the backpressure
+of a slow reader; the front wakes it, see request_table.py), unless the request is cancelled,
+whose responses are dropped here. Until its first response has been handed over, the window
+is one response: a model that streams as fast as it can would otherwise take the CPU that the
+first response needs to reach its client (time to first response matters most to a streaming
+client). The window is small for the same reason: the front is what limits a stream's pace,
+and a model running far ahead of it only takes a second core from the client reading it.
 
 A sequence model's batch may hold null requests (a slot without a request, `ready` false):
 they run like the others, but the front drops their answers, so they leave as empty
@@ -37,11 +39,10 @@ from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
 
-RESPONSE_WINDOW = 64
+RESPONSE_WINDOW = 4
 FIRST_WINDOW = 1
-# A blocked sender polls its row: from this interval, doubling up to the next.
-_POLL_FIRST_S = 0.00005
-_POLL_MAX_S = 0.005
+# A waiting sender looks at its row again after this long at most, should its wake be missed.
+_WAIT_S = 0.002
 
 
 class WorkerLoop:
@@ -57,7 +58,7 @@ class WorkerLoop:
         # Decoupled models place outputs from their own threads too.
         self._output_lock = threading.Lock()
         self._output_buf = self._output_arena.buffer
-        self._table = RequestTable(Segment.attach(init.request_table))
+        self._table = RequestTable(Segment.attach(init.request_table), init.wake_fd)
         self._carried = {}  # row -> _RowResponder of a rescheduled request of a decoupled model
         self._regions = ClientRegions(gpu_inputs=init.instance_kind == "GPU"
                                       and _wants_gpu_inputs(init.model_config))
@@ -249,13 +250,11 @@ class _RowResponder:
     def __call__(self, response, final: bool) -> None:
         table = self._table
         if response is not None:
-            pause = _POLL_FIRST_S
             while not table.cancelled(self._row):
-                consumed = table.consumed(self._row)
-                if self._sent - consumed < (RESPONSE_WINDOW if consumed else FIRST_WINDOW):
+                window = RESPONSE_WINDOW if table.consumed(self._row) else FIRST_WINDOW
+                if self._sent - table.consumed(self._row) < window:
                     break
-                time.sleep(pause)
-                pause = min(pause * 2, _POLL_MAX_S)
+                table.wait_consumed(self._row, self._sent - window // 2, _WAIT_S)
             if table.cancelled(self._row):
                 response = None  # nobody will read it
                 if not final:

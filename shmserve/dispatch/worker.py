@@ -198,7 +198,7 @@ class WorkerHandle:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "workers", str(child.fileno()), str(self._spin_us),
-                pass_fds=(child.fileno(),), stdin=stdin, stdout=stdout, stderr=stderr,
+                pass_fds=(child.fileno(), self._table.wake_fd), stdin=stdin, stdout=stdout, stderr=stderr,
                 env=worker_env())
             await worker_log.started(self._process.pid)
             self._ready = loop.create_future()
@@ -221,7 +221,8 @@ class WorkerHandle:
             **self._init_args, input_arena=self._input_arena.name,
             output_arena=self._output_arena.name, request_table=self._table.segment.name,
             inline_threshold=INLINE_THRESHOLD,
-            state_arena=self._state_arena.name if self._state_arena is not None else ""))
+            state_arena=self._state_arena.name if self._state_arena is not None else "",
+            wake_fd=self._table.wake_fd))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -237,7 +238,12 @@ class WorkerHandle:
         self._output_buf = self._output_arena.buffer
         self._output_region = segment_region(f"{tag} output arena", self._output_arena.name,
                                              ARENA_BYTES)
-        self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES))
+        wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES), wake_fd)
+        except BaseException:
+            os.close(wake_fd)
+            raise
         # Both sides write to it with no way to fail a request instead: reserved whole.
         if not self._table.segment.reserve(REQUEST_TABLE_BYTES):
             raise OSError(errno.ENOSPC, "no room in /dev/shm for the request table")
@@ -377,6 +383,7 @@ class WorkerHandle:
             self._state_arena = None
         if self._table is not None:
             segment = self._table.segment
+            os.close(self._table.wake_fd)
             self._table.close()
             segment.unlink()
             self._table = None

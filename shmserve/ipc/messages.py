@@ -75,12 +75,15 @@ class Init:
     inline_threshold: int
     # Holds the implicit state of the instance's sequence slots; "" for a model without state.
     state_arena: str = ""
+    # The eventfd (inherited under this number) that wakes a sender waiting for the front to
+    # consume responses (see request_table.py); -1 for none.
+    wake_fd: int = -1
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
-                self.state_arena]
+                self.state_arena, self.wake_fd]
 
     @staticmethod
     def from_wire(w: list) -> "Init":

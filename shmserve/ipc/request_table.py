@@ -7,26 +7,36 @@ there), so it cannot be reading frames; a row it can read at any time can. Each 
 - `consumed`: how many of the request's responses the front has handed to the client; a
   streaming sender waits while too many are still unconsumed, so a slow reader bounds what
   is buffered for it (backpressure).
+- `wake_at`: set by a sender while it waits: the `consumed` count it waits for. The front
+  writes the worker's eventfd when it gets there (or cancels the request), so the sender
+  sleeps in the kernel rather than polling, and starts again as soon as there is room.
 
 The front owns the rows: it hands one to each request it sends to the worker, resets it then,
 and takes it back after the request's final response. Each field has a single writer.
 """
+
+import os
+import select
+import threading
 
 import numpy as np
 
 from shmserve.ipc.shm import Segment
 
 ROWS = 65536
-_FIELDS = 2  # cancelled, consumed (uint32 each)
-CANCELLED, CONSUMED = 0, 1
+_FIELDS = 3  # cancelled, consumed, wake_at (uint32 each)
+CANCELLED, CONSUMED, WAKE_AT = 0, 1, 2
 SIZE = ROWS * _FIELDS * 4
 
 
 class RequestTable:
-    def __init__(self, segment: Segment):
+    def __init__(self, segment: Segment, wake_fd: int = -1):
+        """`wake_fd`: the eventfd that wakes waiting senders (-1: none, they poll)."""
         self.segment = segment
+        self.wake_fd = wake_fd
         self._rows = np.frombuffer(segment.buffer, dtype=np.uint32, count=ROWS * _FIELDS)
         self._rows = self._rows.reshape(ROWS, _FIELDS)
+        self._pollers = threading.local()  # a poll object may serve one thread at a time
 
     # -- the front's side --------------------------------------------------------------------
 
@@ -35,9 +45,19 @@ class RequestTable:
 
     def cancel(self, row: int) -> None:
         self._rows[row, CANCELLED] = 1
+        if self._rows[row, WAKE_AT]:
+            self._wake()
 
     def add_consumed(self, row: int) -> None:
-        self._rows[row, CONSUMED] += 1
+        rows = self._rows
+        rows[row, CONSUMED] += 1
+        wake_at = rows[row, WAKE_AT]
+        if wake_at and rows[row, CONSUMED] >= wake_at:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self.wake_fd >= 0:
+            os.eventfd_write(self.wake_fd, 1)
 
     # -- the worker's side -------------------------------------------------------------------
 
@@ -46,6 +66,31 @@ class RequestTable:
 
     def consumed(self, row: int) -> int:
         return int(self._rows[row, CONSUMED])
+
+    def wait_consumed(self, row: int, count: int, timeout_s: float) -> None:
+        """Sleeps until the front has consumed `count` responses of `row` or cancelled it, or
+        for `timeout_s` at most. A wake may be for another row's sender (one eventfd serves the
+        worker), and a wake can be missed (neither side fences between its write and its read
+        of the row), so callers check their condition again, and the timeout bounds a miss."""
+        rows = self._rows
+        rows[row, WAKE_AT] = count
+        try:
+            if rows[row, CONSUMED] >= count or rows[row, CANCELLED]:
+                return
+            if self.wake_fd < 0:
+                select.select([], [], [], timeout_s)
+                return
+            poller = getattr(self._pollers, "poll", None)
+            if poller is None:
+                poller = self._pollers.poll = select.poll()
+                poller.register(self.wake_fd, select.POLLIN)
+            if poller.poll(timeout_s * 1000.0):
+                try:
+                    os.eventfd_read(self.wake_fd)
+                except BlockingIOError:
+                    pass  # another sender took this wake
+        finally:
+            rows[row, WAKE_AT] = 0
 
     def close(self) -> None:
         self._rows = None
