@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="US", help="how long a worker polls for its next batch before it "
                                       "sleeps, while the machine has half a core idle "
                                       f"(default {DEFAULT_SPIN_US}; 0: never)")
+    p.add_argument("--front-spin-us", type=_non_negative_int, default=DEFAULT_SPIN_US,
+                   metavar="US", help="how long the server polls for the result of a batch it "
+                                      "sent before it sleeps, while the machine has half a "
+                                      f"core idle (default {DEFAULT_SPIN_US}; 0: never)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
@@ -334,6 +338,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         rate_limit=args.rate_limit == "execution_count",
         rate_limit_resources=rate_limit_resources,
         worker_spin_us=args.worker_spin_us,
+        front_spin_us=args.front_spin_us,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

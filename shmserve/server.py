@@ -15,6 +15,7 @@ from typing import Optional
 from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
+from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.grpc.tls import TlsSettings, server_context
@@ -93,6 +94,9 @@ class Options:
     # shmserve's own: how long a worker polls for its next batch before it sleeps, while
     # the machine has a core to spare (0: never).
     worker_spin_us: int = DEFAULT_SPIN_US
+    # shmserve's own: how long the front polls for a batch's result before it sleeps, while
+    # the machine has a core to spare (0: never).
+    front_spin_us: int = DEFAULT_SPIN_US
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -122,6 +126,8 @@ class Server:
                              rate_limiter=(RateLimiter(options.rate_limit_resources)
                                            if options.rate_limit else None),
                              worker_spin_us=options.worker_spin_us,
+                             front_spin=(FrontSpin(options.front_spin_us)
+                                         if options.front_spin_us else None),
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

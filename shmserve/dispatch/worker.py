@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 from shmserve import logs
 from shmserve.dispatch.arena import InputArena, new_segment
+from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
@@ -121,13 +122,16 @@ class WorkerHandle:
                  model_repository: str, model_config: dict, instance_name: str,
                  instance_kind: str, device_id: int,
                  on_exit: Optional[Callable[["WorkerHandle"], None]] = None,
-                 on_server_call: Optional[Callable] = None, spin_us: int = DEFAULT_SPIN_US):
+                 on_server_call: Optional[Callable] = None, spin_us: int = DEFAULT_SPIN_US,
+                 front_spin: Optional[FrontSpin] = None):
         """`on_server_call(handle, ServerCall)` serves the model's calls into the server
         (BLS, model control), answered with `reply`; `spin_us`: how long the worker polls
         for its next frame before it blocks, while the machine has a core to spare (0:
-        never; see ipc/idle_spin.py)."""
+        never; see ipc/idle_spin.py); `front_spin`: keeps the front polling while a batch
+        runs (see front_spin.py), if given."""
         self.instance_name = instance_name
         self._spin_us = spin_us
+        self._front_spin = front_spin
         self._init_args = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,
                                model_config=model_config, instance_name=instance_name,
@@ -274,6 +278,11 @@ class WorkerHandle:
                     self._streams[row] = req.stream
                     req.stream.attach(self._table, row)
             self._channel.send(messages.Execute(batch_id, block, frames))
+            # Not while the instance streams: a decoupled model's batch lasts as long as its
+            # responses, which keep the front busy anyway, and a client reading a stream on
+            # the same machine needs the core more than the front does.
+            if self._front_spin is not None and not self._streams:
+                self._front_spin.watch(future)
         except BaseException as exc:
             self._pending.pop(batch_id, None)
             self._free_block(slot)

@@ -53,14 +53,16 @@ class Loader:
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
                  disable_auto_complete=False, load_retries: int = 0,
                  summary_quantiles: tuple = (), rate_limiter=None,
-                 worker_spin_us: int = DEFAULT_SPIN_US):
+                 worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
         `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None;
-        `worker_spin_us`: the workers' polling between batches (--worker-spin-us)."""
+        `worker_spin_us`: the workers' polling between batches (--worker-spin-us);
+        `front_spin`: the front's polling while a batch runs (a FrontSpin), or None."""
         self._rate_limiter = rate_limiter
         self._worker_spin_us = worker_spin_us
+        self._front_spin = front_spin
         self._summary_quantiles = summary_quantiles
         self.registry = registry
         self.repository = os.path.abspath(repository)
@@ -237,7 +239,7 @@ class Loader:
                         instance_name=f"{group.name}_{index}", instance_kind=kind,
                         device_id=device if kind == "GPU" else 0,
                         on_exit=self._on_instance_exit, on_server_call=self.server_calls,
-                        spin_us=self._worker_spin_us)
+                        spin_us=self._worker_spin_us, front_spin=self._front_spin)
                     if needs is not None:
                         self._rate_limiter.add(worker, needs)
                     workers.append(worker)

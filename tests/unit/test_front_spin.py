@@ -1,0 +1,97 @@
+"""FrontSpin: the front's loop polls while a batch is in flight, within its time and while the
+gate allows."""
+
+import asyncio
+
+from shmserve.dispatch.front_spin import FrontSpin
+
+
+class Gate:
+    def __init__(self, allowed: bool = True):
+        self.allowed = allowed
+
+    def should_spin(self) -> bool:
+        return self.allowed
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def turns_until_idle(spin: FrontSpin, limit: int = 10_000) -> int:
+    """Loop turns while the spin goes on (the spin's callback runs once per turn)."""
+    turns = 0
+    while spin.spinning and turns < limit:
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+def test_polls_until_the_batch_ends():
+    async def main():
+        spin = FrontSpin(300, gate=Gate(), clock=Clock())
+        batch = asyncio.get_running_loop().create_future()
+        spin.watch(batch)
+        assert spin.spinning
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert spin.spinning  # still polling: the batch runs
+        batch.set_result(None)
+        assert await turns_until_idle(spin) <= 3
+    asyncio.run(main())
+
+
+def test_stops_after_its_time_even_if_the_batch_runs_on():
+    async def main():
+        clock = Clock()
+        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        batch = asyncio.get_running_loop().create_future()
+        spin.watch(batch)
+        clock.now += 0.000299
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        clock.now += 0.000002
+        assert await turns_until_idle(spin) <= 3
+        batch.cancel()
+    asyncio.run(main())
+
+
+def test_a_later_batch_extends_the_time():
+    async def main():
+        clock = Clock()
+        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        spin.watch(first)
+        clock.now += 0.000200
+        spin.watch(second)
+        first.set_result(None)
+        clock.now += 0.000200  # past the first batch's time, within the second's
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        second.set_result(None)
+        assert await turns_until_idle(spin) <= 3
+    asyncio.run(main())
+
+
+def test_no_polling_without_a_core_to_spare_or_when_off():
+    async def main():
+        loop = asyncio.get_running_loop()
+        closed = FrontSpin(300, gate=Gate(False), clock=Clock())
+        closed.watch(loop.create_future())
+        assert not closed.spinning
+        gate = Gate()
+        spin = FrontSpin(300, gate=gate, clock=Clock())
+        spin.watch(loop.create_future())
+        gate.allowed = False  # the machine got busy
+        assert await turns_until_idle(spin) <= 3
+        off = FrontSpin(0, gate=Gate(), clock=Clock())
+        off.watch(loop.create_future())
+        assert not off.spinning
+    asyncio.run(main())
