@@ -1,13 +1,14 @@
-"""Keeping the front's event loop awake while a batch it sent is running, while the machine has
-a core to spare.
+"""Keeping the front's event loop awake around the batches it sends, while the machine has a
+core to spare.
 
-The front waits for a worker's result in epoll like for anything else, and on a VM being woken
-from an idle virtual CPU costs 20-40 microseconds: at low load, a large part of a small
-request (the worker's side of the same problem is ipc/idle_spin.py). So while a batch is in
-flight, for at most `spin_us` after the latest was sent, a callback that queues itself again
-keeps the loop polling (an event loop with a ready callback polls without blocking), and the
-result is read the moment it arrives. It yields the CPU on every turn, so that a process
-with work on the same core (the worker, the client) goes first, and it polls only while
+The front waits for a worker's result, and for a client's next request, in epoll like for
+anything else, and on a VM being woken from an idle virtual CPU costs 20-40 microseconds: at
+low load, a large part of a small request (the worker's side of the same problem is
+ipc/idle_spin.py). So for `spin_us` after a batch was sent and after one ended, a callback
+that queues itself again keeps the loop polling (an event loop with a ready callback polls
+without blocking): the result is read the moment it arrives, and so is the request that a
+client sends once it has its answer. It yields the CPU on every turn, so that a process with
+work on the same core (the worker, the client) goes first, and it polls only while
 IdleSpin's gate sees a core to spare.
 """
 
@@ -25,26 +26,25 @@ class FrontSpin:
         self._spin_s = spin_us / 1e6
         self._gate = gate if gate is not None else IdleSpin(spin_us)
         self._clock = clock
-        self._inflight = 0
         self._until = 0.0
         self.spinning = False
 
     def watch(self, batch: asyncio.Future) -> None:
-        """`batch` was just sent to a worker: poll until it ends, for `spin_us` at most."""
+        """`batch` was just sent to a worker: poll for `spin_us`, and again for `spin_us`
+        once it has ended."""
         if self._spin_s <= 0:
             return
-        self._inflight += 1
         batch.add_done_callback(self._ended)
+        self._ended(batch)
+
+    def _ended(self, _batch) -> None:
         self._until = self._clock() + self._spin_s
         if not self.spinning and self._gate.should_spin():
             self.spinning = True
             asyncio.get_running_loop().call_soon(self._turn)
 
-    def _ended(self, _batch) -> None:
-        self._inflight -= 1
-
     def _turn(self) -> None:
-        if self._inflight and self._clock() < self._until and self._gate.should_spin():
+        if self._clock() < self._until and self._gate.should_spin():
             os.sched_yield()
             asyncio.get_running_loop().call_soon(self._turn)
         else:

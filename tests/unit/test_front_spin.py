@@ -1,5 +1,5 @@
-"""FrontSpin: the front's loop polls while a batch is in flight, within its time and while the
-gate allows."""
+"""FrontSpin: the front's loop polls for its time after a batch is sent and after it ends, while
+the gate allows."""
 
 import asyncio
 
@@ -31,33 +31,27 @@ async def turns_until_idle(spin: FrontSpin, limit: int = 10_000) -> int:
     return turns
 
 
-def test_polls_until_the_batch_ends():
-    async def main():
-        spin = FrontSpin(300, gate=Gate(), clock=Clock())
-        batch = asyncio.get_running_loop().create_future()
-        spin.watch(batch)
-        assert spin.spinning
-        for _ in range(50):
-            await asyncio.sleep(0)
-        assert spin.spinning  # still polling: the batch runs
-        batch.set_result(None)
-        assert await turns_until_idle(spin) <= 3
-    asyncio.run(main())
-
-
-def test_stops_after_its_time_even_if_the_batch_runs_on():
+def test_polls_after_a_batch_is_sent_and_again_after_it_ends():
     async def main():
         clock = Clock()
         spin = FrontSpin(300, gate=Gate(), clock=clock)
         batch = asyncio.get_running_loop().create_future()
         spin.watch(batch)
+        assert spin.spinning
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert spin.spinning  # the loop keeps turning
+        clock.now += 0.000301
+        assert await turns_until_idle(spin) <= 3  # its time is up, the batch runs on
+        batch.set_result(None)  # polls again: the client's next request may come soon
+        await asyncio.sleep(0)
+        assert spin.spinning
         clock.now += 0.000299
         for _ in range(10):
             await asyncio.sleep(0)
         assert spin.spinning
         clock.now += 0.000002
         assert await turns_until_idle(spin) <= 3
-        batch.cancel()
     asyncio.run(main())
 
 
@@ -65,18 +59,17 @@ def test_a_later_batch_extends_the_time():
     async def main():
         clock = Clock()
         spin = FrontSpin(300, gate=Gate(), clock=clock)
-        loop = asyncio.get_running_loop()
-        first, second = loop.create_future(), loop.create_future()
-        spin.watch(first)
+        batch = asyncio.get_running_loop().create_future()
+        spin.watch(asyncio.get_running_loop().create_future())
         clock.now += 0.000200
-        spin.watch(second)
-        first.set_result(None)
+        spin.watch(batch)
         clock.now += 0.000200  # past the first batch's time, within the second's
         for _ in range(10):
             await asyncio.sleep(0)
         assert spin.spinning
-        second.set_result(None)
+        clock.now += 0.000101
         assert await turns_until_idle(spin) <= 3
+        batch.cancel()
     asyncio.run(main())
 
 
