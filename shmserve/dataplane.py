@@ -427,7 +427,7 @@ class DataPlane:
         the tracer samples (or that came with a trace) gets its trace started."""
         started = time.perf_counter_ns()
         params = request.parameters
-        if sample and self.tracer.on:
+        if sample and not request.bls and self.tracer.on:
             request.trace = self.tracer.start(mv.name)
         if request.trace is not None:
             _trace_request(request.trace, request, mv, started)

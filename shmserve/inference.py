@@ -45,6 +45,9 @@ class InferRequest:
     received: tuple = ()
     # Its tracing.Trace, once the dataplane sampled it (or an ensemble's, for a step).
     trace: Any = None
+    # A BLS request (a model's, not a client's): never sampled, traced only as a child of the
+    # calling request's trace (see tracing.py).
+    bls: bool = False
 
 
 @dataclass(slots=True)

@@ -71,6 +71,9 @@ class ServerCalls:
 
     async def _infer(self, worker, call_id: int, args: dict) -> None:
         request = _infer_request(args)
+        caller = self.dp.tracer.in_progress(args.get("trace") or 0)
+        if caller is not None:
+            request.trace = self.dp.tracer.child(caller)
         if not args.get("decoupled"):
             try:
                 response = await self.dp.infer(request)
@@ -117,7 +120,8 @@ def _infer_request(args: dict) -> InferRequest:
         parameters=params,
         inputs=[InputTensor(name, datatype, list(shape), data)
                 for name, datatype, shape, data in args["inputs"]],
-        outputs=[RequestedOutput(name) for name in args.get("outputs") or ()])
+        outputs=[RequestedOutput(name) for name in args.get("outputs") or ()],
+        bls=True)
 
 
 def _frame(response: InferResponse) -> messages.ResponseFrame:

@@ -16,7 +16,9 @@ A trace file holds one JSON array of events, each naming its trace's `id`:
 Triton's) and, at the TENSORS level, `{"id", "activity", "tensor": {"name", "data", "shape",
 "dtype"}}` per input as queued (TENSOR_QUEUE_INPUT) and output as produced
 (TENSOR_BACKEND_OUTPUT). The steps of a traced ensemble are traces of their own whose
-`parent_id` is the ensemble's. Files are written by a thread of their own.
+`parent_id` is the ensemble's, and so are the BLS requests a traced request's model makes with
+`trace=request.trace()`; other BLS requests are never traced, as in Triton. Files are written
+by a thread of their own.
 """
 
 import concurrent.futures
@@ -26,6 +28,7 @@ import logging
 import os
 import re
 import struct
+import weakref
 from dataclasses import dataclass
 
 import orjson
@@ -148,6 +151,8 @@ class Tracer:
         self._overrides: dict[str, dict] = {}  # model name -> {field: value}
         self._samplers: dict[str, _Sampler] = {}  # model name -> its sampler, if overridden
         self._ids = itertools.count(1)
+        # Traces in progress by id, for a BLS request that names its caller's.
+        self._open = weakref.WeakValueDictionary()
         self._file = TraceFile(self._initial.file)
         self.on = False  # some settings trace: the transports then note when requests came
         self._refresh()
@@ -191,17 +196,26 @@ class Tracer:
         if sampler.off or not sampler.take():
             return None
         settings = sampler.settings
-        return Trace(self, next(self._ids), "TENSORS" in settings.level,
-                     "TIMESTAMPS" in settings.level, settings.log_frequency)
+        trace = Trace(self, next(self._ids), "TENSORS" in settings.level,
+                      "TIMESTAMPS" in settings.level, settings.log_frequency)
+        self._open[trace.id] = trace
+        return trace
 
     def child(self, parent: "Trace") -> "Trace":
-        """A trace for a step of `parent`'s request (an ensemble's)."""
+        """A trace for a request made on behalf of `parent`'s: an ensemble's step, or a BLS
+        request of its model."""
         trace = Trace(self, next(self._ids), parent.tensors, parent.timestamps,
                       parent.log_frequency)
         trace.parent_id = parent.id
+        self._open[trace.id] = trace
         return trace
 
+    def in_progress(self, trace_id: int) -> "Trace | None":
+        """The trace of that id, if it is not finished yet."""
+        return self._open.get(trace_id)
+
     def _collect(self, trace: "Trace") -> None:
+        self._open.pop(trace.id, None)
         self._file.add(trace.events, trace.log_frequency)
 
     def close(self) -> None:
@@ -213,7 +227,7 @@ class Trace:
     """One traced request's events, written to the trace file by `finish()`."""
 
     __slots__ = ("_tracer", "id", "parent_id", "tensors", "timestamps", "log_frequency",
-                 "events", "_finished")
+                 "events", "_finished", "__weakref__")
 
     def __init__(self, tracer: Tracer, trace_id: int, tensors: bool, timestamps: bool,
                  log_frequency: int):

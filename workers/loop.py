@@ -140,6 +140,7 @@ class WorkerLoop:
                 respond=respond,
                 sequence_slot=r.sequence_slot,
                 ready=r.ready,
+                trace_id=r.trace_id,
             ))
         runnable = [req for i, req in enumerate(requests) if i not in unreadable]
         responses, timings = self._runner.execute(runnable)

@@ -59,6 +59,7 @@ class RunnerRequest:
     # (a slot without a request in a batch), which the model sees with READY false.
     sequence_slot: int = -1
     ready: bool = True
+    trace_id: int = 0  # the front's trace of the request, 0 when it is not traced
     # Set by execute: an iterative-sequence model asked to run the request again
     # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE); it has no response, or no final one, yet.
     rescheduled: bool = False
@@ -312,6 +313,7 @@ class ModelRunner:
                 inputs=inputs,
                 requested_output_names=request.requested_output_names,
                 sender=pb_utils.InferenceResponseSender(sent, request.is_cancelled),
+                trace_id=request.trace_id,
             )
             batch.append((index, pb_request, sent))
         inputs_done = time.perf_counter_ns()

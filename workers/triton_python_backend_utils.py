@@ -350,7 +350,13 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """Trace context of a request; shmserve does not trace requests, so there is no context."""
+    """The trace of a request (`request.trace()`). A BLS request given it
+    (`InferenceRequest(..., trace=request.trace())`) is traced as a child of the request's
+    trace, if that request is traced. The context is OpenTelemetry's, which shmserve's
+    triton trace mode has not."""
+
+    def __init__(self, trace_id: int = 0):
+        self._trace_id = trace_id  # the front's trace id; 0: not traced
 
     def get_context(self):
         return None
@@ -451,6 +457,7 @@ class InferenceRequest:
         inputs: list,
         requested_output_names,
         sender: InferenceResponseSender,
+        trace_id: int = 0,
     ) -> "InferenceRequest":
         """A request handed to execute(): the runner's path, without the BLS argument checks."""
         request = cls.__new__(cls)
@@ -463,7 +470,7 @@ class InferenceRequest:
         request._flags = flags
         request._timeout = timeout
         request._preferred_memory = None
-        request._trace = InferenceTrace()
+        request._trace = InferenceTrace(trace_id)
         # Client parameters pass through unchecked: they may hold types models cannot set.
         request._parameters = parameters
         request._sender = sender
@@ -544,7 +551,8 @@ class InferenceRequest:
                 "id": self._request_id, "correlation_id": self._correlation_id,
                 "flags": int(self._flags), "timeout": int(self._timeout),
                 "parameters": self._parameters, "inputs": inputs,
-                "outputs": sorted(self._requested_output_names), "decoupled": bool(decoupled)}
+                "outputs": sorted(self._requested_output_names), "decoupled": bool(decoupled),
+                "trace": getattr(self._trace, "_trace_id", 0)}
 
 
 class _AsyncResponses:

@@ -17,7 +17,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
 
-MODELS = ("identity_fp32", "ens_large", "stream_probe", "repeat", "cache_probe")
+MODELS = ("identity_fp32", "ens_large", "stream_probe", "repeat", "cache_probe", "bls_probe",
+          "add_sub")
 # The order a request's timestamps must come in (the transport's, where it has them, around).
 CORE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
               "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -40,20 +41,25 @@ def traced(test_repository, tmp_path_factory):
     stop_server(server)
 
 
+def all_traces(folder) -> list:
+    """The events of each trace written so far, from every trace file."""
+    found = {}
+    for path in sorted(folder.glob("trace.json*")):
+        try:
+            events = json.loads(path.read_bytes())
+        except ValueError:
+            continue  # being written
+        for event in events:
+            found.setdefault(event["id"], []).append(event)
+    return list(found.values())
+
+
 def traces_of(folder, request_id: str, want: int = 1, timeout: float = 10.0) -> list:
-    """The events of each trace of the request, from every trace file, once there are `want`
-    of them (a thread writes the files)."""
+    """The events of each trace of the request, once there are `want` of them (a thread
+    writes the files)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = {}
-        for path in sorted(folder.glob("trace.json*")):
-            try:
-                events = json.loads(path.read_bytes())
-            except ValueError:
-                continue  # being written
-            for event in events:
-                found.setdefault(event["id"], []).append(event)
-        mine = [events for events in found.values()
+        mine = [events for events in all_traces(folder)
                 if any(e.get("request_id") == request_id for e in events)]
         if len(mine) >= want or time.monotonic() > deadline:
             return mine
@@ -178,6 +184,36 @@ def test_the_steps_of_an_ensemble_are_its_child_traces(traced):
         assert_in_order(stamps(child), CORE_ORDER)
     assert_in_order(stamps(parent), ["GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
                                      "INFER_RESPONSE_COMPLETE", "REQUEST_END"])
+
+
+def test_a_bls_request_given_the_trace_is_a_child_trace_and_others_are_not_traced(traced):
+    """As Triton: a BLS request is traced only when the model passes `trace=request.trace()`,
+    whatever the sampling rate (1 here)."""
+    x, y = np.array([1, 2, 3, 4], np.float32), np.array([10, 20, 30, 40], np.float32)
+    with grpcclient.InferenceServerClient(traced.grpc_url) as grpc:
+        inputs = [grpcclient.InferInput("MODE", [1], "BYTES"),
+                  grpcclient.InferInput("INPUT0", [4], "FP32"),
+                  grpcclient.InferInput("INPUT1", [4], "FP32")]
+        inputs[0].set_data_from_numpy(np.array([b"traced"], np.object_))
+        inputs[1].set_data_from_numpy(x)
+        inputs[2].set_data_from_numpy(y)
+        result = grpc.infer("bls_probe", inputs, request_id="bls-parent")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + y)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + y)
+    (parent,) = traces_of(traced.trace_folder, "bls-parent")
+    assert parent[0]["model_name"] == "bls_probe"
+    deadline = time.monotonic() + 10
+    while True:
+        add_sub = [t for t in all_traces(traced.trace_folder) if t[0]["model_name"] == "add_sub"]
+        if add_sub or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    (child,) = add_sub  # the BLS request without the trace left none
+    assert child[0]["parent_id"] == parent[0]["id"]
+    assert_in_order(stamps(child), CORE_ORDER)
+    # The child ran within its parent's execution.
+    assert stamps(parent)["COMPUTE_START"] < stamps(child)["REQUEST_START"]
+    assert stamps(child)["REQUEST_END"] < stamps(parent)["COMPUTE_END"]
 
 
 @pytest.mark.parametrize("model,name", [

@@ -7,9 +7,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def _request(model, outputs, **inputs):
+def _request(model, outputs, trace=None, **inputs):
     return pb_utils.InferenceRequest(
-        model_name=model, requested_output_names=outputs,
+        model_name=model, requested_output_names=outputs, trace=trace,
         inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()])
 
 
@@ -61,6 +61,16 @@ class TritonPythonModel:
                 else:
                     values.append(float(out.as_numpy()[0]))
             return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text(f"empty {empty}")])
+        if mode == "traced":  # add_sub twice: with this request's trace, then without
+            with_trace = _request("add_sub", ["OUTPUT0"], trace=request.trace(),
+                                  INPUT0=x, INPUT1=y).exec()
+            without = _request("add_sub", ["OUTPUT0"], INPUT0=x, INPUT1=y).exec()
+            for r in (with_trace, without):
+                if r.has_error():
+                    return pb_utils.InferenceResponse(error=r.error())
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(with_trace, "OUTPUT0").as_numpy()),
+                _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(without, "OUTPUT0").as_numpy())])
         if mode == "bytes":
             words = np.array([b"alpha", b"", b"gamma"], np.object_)
             response = _request("string_echo", ["OUTPUT0"], INPUT0=words).exec()
