@@ -198,12 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "asks for)")
     p.add_argument("--worker-spin-us", type=_non_negative_int, default=DEFAULT_SPIN_US,
                    metavar="US", help="how long a worker polls for its next batch before it "
-                                      "sleeps, while the machine has half a core idle "
+                                      "sleeps, while the machine has 3/4 of a core idle "
                                       f"(default {DEFAULT_SPIN_US}; 0: never)")
     p.add_argument("--front-spin-us", type=_non_negative_int, default=DEFAULT_SPIN_US,
-                   metavar="US", help="how long the server polls for the result of a batch it "
-                                      "sent before it sleeps, while the machine has half a "
-                                      f"core idle (default {DEFAULT_SPIN_US}; 0: never)")
+                   metavar="US", help="how long the server polls after it sent a batch and "
+                                      "after one ended before it sleeps, while the machine "
+                                      "has 3/4 of a core idle "
+                                      f"(default {DEFAULT_SPIN_US}; 0: never)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",

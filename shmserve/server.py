@@ -94,8 +94,8 @@ class Options:
     # shmserve's own: how long a worker polls for its next batch before it sleeps, while
     # the machine has a core to spare (0: never).
     worker_spin_us: int = DEFAULT_SPIN_US
-    # shmserve's own: how long the front polls for a batch's result before it sleeps, while
-    # the machine has a core to spare (0: never).
+    # shmserve's own: how long the front polls after it sent a batch and after one ended
+    # before it sleeps, while the machine has a core to spare (0: never).
     front_spin_us: int = DEFAULT_SPIN_US
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).

@@ -127,8 +127,8 @@ class WorkerHandle:
         """`on_server_call(handle, ServerCall)` serves the model's calls into the server
         (BLS, model control), answered with `reply`; `spin_us`: how long the worker polls
         for its next frame before it blocks, while the machine has a core to spare (0:
-        never; see ipc/idle_spin.py); `front_spin`: keeps the front polling while a batch
-        runs (see front_spin.py), if given."""
+        never; see ipc/idle_spin.py); `front_spin`: keeps the front polling around its
+        batches (see front_spin.py), if given."""
         self.instance_name = instance_name
         self._spin_us = spin_us
         self._front_spin = front_spin
@@ -202,8 +202,8 @@ class WorkerHandle:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "workers", str(child.fileno()), str(self._spin_us),
-                pass_fds=(child.fileno(), self._table.wake_fd), stdin=stdin, stdout=stdout, stderr=stderr,
-                env=worker_env())
+                pass_fds=(child.fileno(), self._table.wake_fd), stdin=stdin, stdout=stdout,
+                stderr=stderr, env=worker_env())
             await worker_log.started(self._process.pid)
             self._ready = loop.create_future()
             _, self._channel = await loop.create_unix_connection(

@@ -59,7 +59,7 @@ class Loader:
         version's latency summaries, none without --metrics-config summary_latencies;
         `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None;
         `worker_spin_us`: the workers' polling between batches (--worker-spin-us);
-        `front_spin`: the front's polling while a batch runs (a FrontSpin), or None."""
+        `front_spin`: the front's polling around batches (a FrontSpin), or None."""
         self._rate_limiter = rate_limiter
         self._worker_spin_us = worker_spin_us
         self._front_spin = front_spin
