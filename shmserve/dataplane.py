@@ -428,7 +428,7 @@ class DataPlane:
         started = time.perf_counter_ns()
         params = request.parameters
         if sample and not request.bls and self.tracer.on:
-            request.trace = self.tracer.start(mv.name)
+            request.trace = self.tracer.start(mv.name, request.traceparent)
         if request.trace is not None:
             _trace_request(request.trace, request, mv, started)
         try:

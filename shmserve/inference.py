@@ -48,6 +48,9 @@ class InferRequest:
     # A BLS request (a model's, not a client's): never sampled, traced only as a child of the
     # calling request's trace (see tracing.py).
     bls: bool = False
+    # The W3C traceparent header the client sent, noted while some settings trace: in the
+    # opentelemetry trace mode the request is then traced, in the client's trace.
+    traceparent: str = ""
 
 
 @dataclass(slots=True)

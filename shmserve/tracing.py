@@ -1,12 +1,14 @@
 """Triton's trace extension: which inference requests are traced, and the trace files they are
-written to, in Triton's format ("triton" trace mode).
+written to, in Triton's format ("triton" trace mode), or the OpenTelemetry spans they are
+exported as ("opentelemetry" mode, see otel.py).
 
 Settings (`--trace-config`, HTTP `/v2/trace/setting` and `/v2/models/{m}/trace/setting`, gRPC
 TraceSetting): trace_level (OFF, or TIMESTAMPS and/or TENSORS), trace_rate (one request in
 `rate` is traced), trace_count (traces still to take, -1 for no limit; counts down, and starts
 again from its setting whenever the settings change), log_frequency (0: every trace is written
 to `trace_file` at shutdown; N: every N traces go to `trace_file.<index>`), trace_file (set at
-start only) and trace_mode ("triton"). A model may override any of them but the file; a null
+start only) and trace_mode ("triton" or "opentelemetry", set at start only; the latter's own
+settings show too). A model may override any of them but the file; a null
 (HTTP) or empty (gRPC) value clears an override, or brings a global setting back to its
 command-line value. Values travel as strings, as in Triton.
 
@@ -28,11 +30,13 @@ import logging
 import os
 import re
 import struct
+import time
 import weakref
 from dataclasses import dataclass
 
 import orjson
 
+from shmserve import otel
 from shmserve.errors import Code, ServerError
 
 log = logging.getLogger("shmserve.tracing")
@@ -50,15 +54,19 @@ class TraceSettings:
     log_frequency: int = 0
     file: str = ""
     mode: str = "triton"
+    otel: "otel.OtelSettings | None" = None  # the opentelemetry mode's own settings
 
     @property
     def off(self) -> bool:
         return self.level == ("OFF",)
 
     def as_json(self, remaining: int) -> dict:
-        return {"trace_level": list(self.level), "trace_rate": str(self.rate),
-                "trace_count": str(remaining), "log_frequency": str(self.log_frequency),
-                "trace_file": self.file, "trace_mode": self.mode}
+        out = {"trace_level": list(self.level), "trace_rate": str(self.rate),
+               "trace_count": str(remaining), "log_frequency": str(self.log_frequency),
+               "trace_file": self.file, "trace_mode": self.mode}
+        if self.otel is not None:
+            out.update(self.otel.as_json())
+        return out
 
 
 _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
@@ -114,7 +122,7 @@ def _number(name: str, text: str) -> int:
 
 
 def _checked(settings: TraceSettings) -> TraceSettings:
-    if not settings.off and not settings.file:
+    if not settings.off and not settings.file and settings.mode == "triton":
         raise ServerError(Code.INVALID_ARG, "Attempting to set invalid trace setting :trace "
                                             "file name is not given")
     return settings
@@ -153,7 +161,14 @@ class Tracer:
         self._ids = itertools.count(1)
         # Traces in progress by id, for a BLS request that names its caller's.
         self._open = weakref.WeakValueDictionary()
-        self._file = TraceFile(self._initial.file)
+        if self._initial.otel is not None:
+            self._file = None
+            self._exporter = otel.SpanExporter(self._initial.otel)
+            # Stamps are CLOCK_MONOTONIC, as Triton's; OpenTelemetry's times are Unix time.
+            self._clock_offset = time.time_ns() - time.perf_counter_ns()
+        else:
+            self._file = TraceFile(self._initial.file)
+            self._exporter = None
         self.on = False  # some settings trace: the transports then note when requests came
         self._refresh()
 
@@ -190,14 +205,23 @@ class Tracer:
 
     # -- traces ------------------------------------------------------------------------------
 
-    def start(self, model: str):
-        """A new Trace for a request to `model`, or None when it is not sampled."""
+    def start(self, model: str, traceparent: str = ""):
+        """A new Trace for a request to `model`, or None when it is not sampled. In the
+        opentelemetry mode, a request that carries a client's trace context (`traceparent`)
+        is traced whatever the rate and count, as in Triton."""
         sampler = self._samplers.get(model, self._global)
-        if sampler.off or not sampler.take():
+        if sampler.off:
+            return None
+        context = None
+        if traceparent and self._exporter is not None:
+            context = otel.parse_traceparent(traceparent)
+        if context is None and not sampler.take():
             return None
         settings = sampler.settings
         trace = Trace(self, next(self._ids), "TENSORS" in settings.level,
                       "TIMESTAMPS" in settings.level, settings.log_frequency)
+        if self._exporter is not None:
+            trace.span_ids = otel.SpanIds.root(*context) if context else otel.SpanIds.root()
         self._open[trace.id] = trace
         return trace
 
@@ -207,6 +231,8 @@ class Tracer:
         trace = Trace(self, next(self._ids), parent.tensors, parent.timestamps,
                       parent.log_frequency)
         trace.parent_id = parent.id
+        if parent.span_ids is not None:
+            trace.span_ids = parent.span_ids.child()
         self._open[trace.id] = trace
         return trace
 
@@ -216,18 +242,26 @@ class Tracer:
 
     def _collect(self, trace: "Trace") -> None:
         self._open.pop(trace.id, None)
-        self._file.add(trace.events, trace.log_frequency)
+        if self._exporter is not None:
+            if trace.events:
+                self._exporter.add(otel.spans(trace.events, trace.span_ids, self._clock_offset))
+        else:
+            self._file.add(trace.events, trace.log_frequency)
 
     def close(self) -> None:
-        """Writes what is left (all of it with log_frequency 0) and waits for the writes."""
-        self._file.close()
+        """Writes what is left (all of it with log_frequency 0) and waits for the writes, or
+        exports the spans still queued."""
+        if self._exporter is not None:
+            self._exporter.close()
+        else:
+            self._file.close()
 
 
 class Trace:
     """One traced request's events, written to the trace file by `finish()`."""
 
     __slots__ = ("_tracer", "id", "parent_id", "tensors", "timestamps", "log_frequency",
-                 "events", "_finished", "__weakref__")
+                 "events", "_finished", "span_ids", "__weakref__")
 
     def __init__(self, tracer: Tracer, trace_id: int, tensors: bool, timestamps: bool,
                  log_frequency: int):
@@ -239,6 +273,7 @@ class Trace:
         self.log_frequency = log_frequency
         self.events: list = []
         self._finished = False
+        self.span_ids = None  # its otel.SpanIds, in the opentelemetry mode
 
     def model(self, name: str, version: int, request_id: str) -> None:
         event = {"id": self.id, "model_name": name, "model_version": int(version),
@@ -337,27 +372,38 @@ def _write_file(path: str, events: list) -> None:
 
 def settings_from_flags(trace_config: list, *, file=None, levels=(), rate=None, count=None,
                         log_frequency=None) -> TraceSettings:
-    """The settings of `--trace-config` values ("[triton,]<setting>=<value>": level, rate,
-    count and mode are global, file and log-frequency triton's) and of the older --trace-file,
-    --trace-level, --trace-rate, --trace-count and --trace-log-frequency; ServerError
-    INVALID_ARG for what shmserve cannot take."""
+    """The settings of `--trace-config` values ("[<mode>,]<setting>=<value>": level, rate,
+    count and mode are global, file and log-frequency triton's, the others opentelemetry's, see
+    otel.py) and of the older --trace-file, --trace-level, --trace-rate, --trace-count and
+    --trace-log-frequency; ServerError INVALID_ARG for what shmserve cannot take."""
     given = {"trace_file": file, "trace_rate": rate, "trace_count": count,
              "log_frequency": log_frequency}
     level_values = list(levels)
+    trace_mode = "triton"
+    otel_items = []
     for item in trace_config:
-        mode, _, setting = item.rpartition(",")
+        # The first comma ends the mode: a resource value may hold more.
+        mode, comma, setting = item.partition(",")
+        if not comma or "=" in mode:
+            mode, setting = "", item
         key, sep, value = setting.partition("=")
         if not sep:
             raise ServerError(Code.INVALID_ARG, f"--trace-config {item}: expected "
                                                 f"[<mode>,]<setting>=<value>")
-        if mode == "opentelemetry" or (key == "mode" and value != "triton"):
-            raise ServerError(Code.INVALID_ARG, f"--trace-config {item}: shmserve writes "
-                                                f"traces in the triton mode only")
+        if mode == "opentelemetry":
+            otel_items.append((key, value))
+            continue
         if mode not in ("", "triton"):
             raise ServerError(Code.INVALID_ARG, f"--trace-config {item}: unknown trace mode "
                                                 f"'{mode}'")
+        if key == "mode" and not mode:
+            if value not in ("triton", "opentelemetry"):
+                raise ServerError(Code.INVALID_ARG, f"--trace-config {item}: unknown trace "
+                                                    f"mode '{value}'")
+            trace_mode = value
+            continue
         name = {"file": "trace_file", "log-frequency": "log_frequency", "level": "trace_level",
-                "rate": "trace_rate", "count": "trace_count", "mode": None}.get(key, "")
+                "rate": "trace_rate", "count": "trace_count"}.get(key, "")
         if name == "":
             raise ServerError(Code.INVALID_ARG, f"--trace-config {item}: unknown setting '{key}'")
         if name == "trace_level":
@@ -370,4 +416,6 @@ def settings_from_flags(trace_config: list, *, file=None, levels=(), rate=None, 
         # Several levels may be given; OFF among others leaves the others.
         on = [v for v in level_values if v != "OFF"]
         fields["level"] = _levels(on or ["OFF"])
-    return _checked(TraceSettings(file=given["trace_file"] or "", **fields))
+    settings = otel.settings_from(otel_items) if trace_mode == "opentelemetry" else None
+    return _checked(TraceSettings(file=given["trace_file"] or "", mode=trace_mode, otel=settings,
+                                  **fields))

@@ -208,6 +208,8 @@ class InferenceServicer:
                                       self.header_pattern)
         if self.dp.tracer.on:
             infer_request.received = (("GRPC_WAITREAD_END", time.perf_counter_ns()),)
+            infer_request.traceparent = next((v for k, v in context.invocation_metadata()
+                                              if k == "traceparent"), "")
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:

@@ -165,6 +165,7 @@ class HttpRoutes:
         if self.dp.tracer.on:
             infer_request.received = (("HTTP_RECV_START", request.begun_ns),
                                       ("HTTP_RECV_END", time.perf_counter_ns()))
+            infer_request.traceparent = request.headers.get("traceparent", "")
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:

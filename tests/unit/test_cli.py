@@ -31,7 +31,7 @@ def test_defaults_match_tritonserver():
 @pytest.mark.parametrize("argv,fragment", [
     (["--model-repository=/r", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--model-repository=/r", "--trace-config=level=TIMESTAMPS"], "file name is not given"),
-    (["--model-repository=/r", "--trace-config=opentelemetry,url=x"], "triton mode only"),
+    (["--model-repository=/r", "--trace-config=mode=zipkin"], "unknown trace mode"),
     (["--model-repository=/r", "--allow-sagemaker=true"], "does not support yet"),
     (["--model-repository=/r", "--rate-limit=sometimes"], "invalid choice"),
     (["--model-repository=/r", "--rate-limit-resource=R"], "<name>:<count>"),

@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from shmserve.errors import Code, ServerError
+from shmserve.otel import OtelSettings
 from shmserve.tracing import (TraceFile, TraceSettings, Tracer, _values, parse_changes,
                               settings_from_flags)
 
@@ -158,13 +159,46 @@ def test_command_line_settings():
     assert settings_from_flags([], file="/tmp/a", levels=["TIMESTAMPS"], rate="3") == (
         TraceSettings(level=("TIMESTAMPS",), rate=3, file="/tmp/a"))
     for bad, text in ((["level=TIMESTAMPS"], "trace file name is not given"),
-                      (["opentelemetry,url=http://x"], "triton mode only"),
-                      (["mode=opentelemetry"], "triton mode only"),
+                      (["mode=zipkin"], "unknown trace mode 'zipkin'"),
+                      (["mode=opentelemetry", "opentelemetry,colour=red"],
+                       "unknown setting 'colour'"),
+                      (["mode=opentelemetry", "opentelemetry,bsp_schedule_delay=soon"],
+                       "positive integer"),
+                      (["mode=opentelemetry", "opentelemetry,resource=lonely"],
+                       "expected <key>=<value>"),
                       (["triton,colour=red"], "unknown setting 'colour'"),
                       (["other,file=x"], "unknown trace mode 'other'"),
                       (["rate"], "expected [<mode>,]<setting>=<value>"),
                       (["rate=0"], "sample rate must be non-zero")):
         assert text in refused(lambda: settings_from_flags(bad))
+
+
+def test_opentelemetry_mode_settings(monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=vision,tier=gold")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "100")
+    settings = settings_from_flags([
+        "mode=opentelemetry", "level=TIMESTAMPS", "rate=1",
+        "opentelemetry,url=127.0.0.1:4318/v1/traces", "opentelemetry,resource=service.name=a,b",
+        "opentelemetry,bsp_schedule_delay=200", "opentelemetry,bsp_max_export_batch_size=50"])
+    # No trace file is needed in this mode.
+    assert (settings.mode, settings.level, settings.file) == ("opentelemetry", ("TIMESTAMPS",), "")
+    assert settings.otel == OtelSettings(
+        url="127.0.0.1:4318/v1/traces",
+        resource=(("team", "vision"), ("tier", "gold"), ("service.name", "a,b")),
+        bsp_max_queue_size=100, bsp_schedule_delay=200, bsp_max_export_batch_size=50)
+    # As Triton shows them (probed on 2.51): the last resource, numbers as strings.
+    shown = settings.as_json(-1)
+    assert shown["trace_mode"] == "opentelemetry"
+    assert {k: shown[k] for k in ("url", "resource", "bsp_schedule_delay",
+                                  "bsp_max_export_batch_size", "bsp_max_queue_size")} == {
+        "url": "127.0.0.1:4318/v1/traces", "resource": "service.name=a,b",
+        "bsp_schedule_delay": "200", "bsp_max_export_batch_size": "50",
+        "bsp_max_queue_size": "100"}
+    # Settings of the opentelemetry mode in the triton mode change nothing.
+    assert settings_from_flags(["triton,file=/t,1.json", "opentelemetry,url=x"]) == (
+        TraceSettings(file="/t,1.json"))
+    assert "must not exceed" in refused(lambda: settings_from_flags(
+        ["mode=opentelemetry", "opentelemetry,bsp_max_queue_size=10"]))
 
 
 def test_an_unwritable_trace_file_is_logged_not_raised(tmp_path, caplog):
