@@ -62,9 +62,12 @@ class TraceSettings:
 
     def as_json(self, remaining: int) -> dict:
         out = {"trace_level": list(self.level), "trace_rate": str(self.rate),
-               "trace_count": str(remaining), "log_frequency": str(self.log_frequency),
-               "trace_file": self.file, "trace_mode": self.mode}
-        if self.otel is not None:
+               "trace_count": str(remaining)}
+        if self.otel is None:
+            out.update(log_frequency=str(self.log_frequency), trace_file=self.file,
+                       trace_mode=self.mode)
+        else:  # as Triton: no file settings, the mode's own instead
+            out["trace_mode"] = self.mode
             out.update(self.otel.as_json())
         return out
 
@@ -143,7 +146,8 @@ class _Sampler:
     def take(self) -> bool:
         seen = self.seen
         self.seen = seen + 1
-        if seen % self.settings.rate or self.remaining == 0:
+        # Rate 0 (command line only): none, but those with a client's trace context.
+        if not self.settings.rate or seen % self.settings.rate or self.remaining == 0:
             return False
         if self.remaining > 0:
             self.remaining -= 1
@@ -410,8 +414,14 @@ def settings_from_flags(trace_config: list, *, file=None, levels=(), rate=None, 
             level_values.append(value.upper())
         elif name is not None:
             given[name] = value
+    # Rate 0 traces only requests that carry a client's trace context (opentelemetry mode);
+    # Triton takes it on the command line, not through the API.
+    zero_rate = given["trace_rate"] is not None and str(given["trace_rate"]) == "0"
     fields = parse_changes({k: [str(v)] for k, v in given.items()
-                            if v is not None and k != "trace_file"})
+                            if v is not None and k != "trace_file"
+                            and not (k == "trace_rate" and zero_rate)})
+    if zero_rate:
+        fields["rate"] = 0
     if level_values:
         # Several levels may be given; OFF among others leaves the others.
         on = [v for v in level_values if v != "OFF"]

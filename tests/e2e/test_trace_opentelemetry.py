@@ -105,6 +105,7 @@ def test_the_settings_show_the_mode_and_its_own_settings(exporting):
     with httpclient.InferenceServerClient(exporting.http_url) as client:
         settings = client.get_trace_settings()
     assert settings["trace_mode"] == "opentelemetry"
+    assert "trace_file" not in settings and "log_frequency" not in settings  # as Triton
     assert settings["url"].endswith("/v1/traces")
     assert settings["resource"] == "service.name=shm-test"
     assert (settings["bsp_schedule_delay"], settings["bsp_max_queue_size"],

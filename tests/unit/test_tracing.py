@@ -169,7 +169,7 @@ def test_command_line_settings():
                       (["triton,colour=red"], "unknown setting 'colour'"),
                       (["other,file=x"], "unknown trace mode 'other'"),
                       (["rate"], "expected [<mode>,]<setting>=<value>"),
-                      (["rate=0"], "sample rate must be non-zero")):
+                      (["rate=-1"], "Unable to parse 'trace_rate'")):
         assert text in refused(lambda: settings_from_flags(bad))
 
 
@@ -199,6 +199,19 @@ def test_opentelemetry_mode_settings(monkeypatch):
         TraceSettings(file="/t,1.json"))
     assert "must not exceed" in refused(lambda: settings_from_flags(
         ["mode=opentelemetry", "opentelemetry,bsp_max_queue_size=10"]))
+
+
+def test_rate_0_traces_only_requests_with_a_trace_context():
+    """Triton takes rate 0 on the command line (not through the API), in either mode."""
+    zero = settings_from_flags(["mode=opentelemetry", "level=TIMESTAMPS", "rate=0"])
+    assert zero.rate == 0 and "trace_file" not in zero.as_json(-1)
+    only_context = Tracer(zero)
+    try:
+        assert only_context.start("m") is None
+        trace = only_context.start("m", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        assert trace.span_ids.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    finally:
+        only_context.close()
 
 
 def test_an_unwritable_trace_file_is_logged_not_raised(tmp_path, caplog):
