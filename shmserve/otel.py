@@ -203,6 +203,9 @@ def parse_traceparent(header: str):
     return parts[1], parts[2]
 
 
+_TIME_UP = object()  # no span came before the next export was due
+
+
 class SpanExporter:
     """The batch span processor and the OTLP/HTTP exporter, on a thread of their own: spans
     queue (the excess dropped), and leave every `bsp_schedule_delay` ms, or as soon as
@@ -248,11 +251,11 @@ class SpanExporter:
             try:
                 span = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
-                span = ...
+                span = _TIME_UP
             if span is None:
                 self._export(batch)
                 return
-            if span is not ...:
+            if span is not _TIME_UP:
                 batch.append(span)
             if len(batch) >= size or time.monotonic() >= deadline:
                 self._export(batch)

@@ -53,12 +53,15 @@ class TraceSettings:
     count: int = -1
     log_frequency: int = 0
     file: str = ""
-    mode: str = "triton"
-    otel: "otel.OtelSettings | None" = None  # the opentelemetry mode's own settings
+    otel: "otel.OtelSettings | None" = None  # the opentelemetry mode's settings, in that mode
 
     @property
     def off(self) -> bool:
         return self.level == ("OFF",)
+
+    @property
+    def mode(self) -> str:
+        return "triton" if self.otel is None else "opentelemetry"
 
     def as_json(self, remaining: int) -> dict:
         out = {"trace_level": list(self.level), "trace_rate": str(self.rate),
@@ -427,5 +430,4 @@ def settings_from_flags(trace_config: list, *, file=None, levels=(), rate=None, 
         on = [v for v in level_values if v != "OFF"]
         fields["level"] = _levels(on or ["OFF"])
     settings = otel.settings_from(otel_items) if trace_mode == "opentelemetry" else None
-    return _checked(TraceSettings(file=given["trace_file"] or "", mode=trace_mode, otel=settings,
-                                  **fields))
+    return _checked(TraceSettings(file=given["trace_file"] or "", otel=settings, **fields))
