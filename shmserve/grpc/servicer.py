@@ -324,11 +324,17 @@ class _Stream:
                 if not task.cancelled():
                     return task.result(), None
                 continue
+            # Checked before waiting too: the wake-up that said the last answer was due may
+            # have been taken already, by the turn that returned that answer.
+            if self._done():
+                return None
             item = await self._ready.get()
             if item is not None:
                 return item
-            if not self._reading and not self._tasks and not self._in_order:
-                return None
+
+    def _done(self) -> bool:
+        return (not self._reading and not self._tasks and not self._in_order
+                and self._ready.empty())
 
     async def _serve_one(self, msg):
         """The single response of a request to a model that is not decoupled (or its error)."""
