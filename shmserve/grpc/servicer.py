@@ -208,8 +208,7 @@ class InferenceServicer:
                                       self.header_pattern)
         if self.dp.tracer.on:
             infer_request.received = (("GRPC_WAITREAD_END", time.perf_counter_ns()),)
-            infer_request.traceparent = next((v for k, v in context.invocation_metadata()
-                                              if k == "traceparent"), "")
+            infer_request.traceparent = _traceparent(context)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
@@ -240,6 +239,8 @@ class InferenceServicer:
             raise _rpc_error(exc) from None
         metadata = context.invocation_metadata() if self.header_pattern is not None else None
         stream = _Stream(self.dp, self.max_inflight_per_stream, metadata, self.header_pattern)
+        if self.dp.tracer.on:  # the call's trace context, for each of its requests
+            stream.traceparent = _traceparent(context)
         reader = asyncio.ensure_future(stream.read(request_iterator))
         try:
             while True:
@@ -282,6 +283,7 @@ class _Stream:
         self._max_inflight = max_inflight
         self._room = asyncio.Semaphore(2 * max_inflight)
         self._reading = True
+        self.traceparent = ""  # the call's W3C trace context, when some settings trace
 
     async def read(self, request_iterator) -> None:
         try:
@@ -364,6 +366,7 @@ class _Stream:
         request = codec.decode_model_infer_request(msg)
         if self._metadata:
             header_forwarding.forward(request, self._metadata, self._header_pattern)
+        request.traceparent = self.traceparent
         return request
 
     async def close(self) -> None:
@@ -371,6 +374,10 @@ class _Stream:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _traceparent(context) -> str:
+    return next((v for k, v in context.invocation_metadata() if k == "traceparent"), "")
 
 
 def _rejected(msg, max_inflight: int) -> asyncio.Future:

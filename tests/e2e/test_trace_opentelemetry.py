@@ -101,6 +101,23 @@ def test_an_http_request_with_a_trace_context_joins_the_clients_trace(exporting)
         "HTTP_SEND_END"]
 
 
+def test_a_grpc_stream_with_a_trace_context_puts_each_request_in_the_clients_trace(exporting):
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    results = []
+    with grpcclient.InferenceServerClient(exporting.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.append((result, error)),
+                            headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        for i in range(2):
+            client.async_stream_infer("identity_fp32", [identity_input(grpcclient)],
+                                      request_id=f"otel-stream-{i}")
+        client.stop_stream()
+    assert [error for _, error in results] == [None, None]
+    for i in range(2):
+        spans = {s["name"]: s for s in spans_of(exporting.collector, f"otel-stream-{i}", want=3)}
+        assert spans["identity_fp32"]["traceId"] == trace_id
+        assert spans["InferRequest"]["parentSpanId"] == parent
+
+
 def test_the_settings_show_the_mode_and_its_own_settings(exporting):
     with httpclient.InferenceServerClient(exporting.http_url) as client:
         settings = client.get_trace_settings()
