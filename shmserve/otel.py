@@ -24,7 +24,6 @@ import os
 import queue
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -195,12 +194,10 @@ def parse_traceparent(header: str):
             or len(parts[2]) != 16:
         return None
     try:
-        int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+        _, trace_id, span_id = (int(part, 16) for part in parts[:3])
     except ValueError:
         return None
-    if int(parts[1], 16) == 0 or int(parts[2], 16) == 0:
-        return None
-    return parts[1], parts[2]
+    return (parts[1], parts[2]) if trace_id and span_id else None
 
 
 _TIME_UP = object()  # no span came before the next export was due
@@ -272,7 +269,7 @@ class SpanExporter:
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 response.read()
-        except (OSError, urllib.error.URLError) as exc:
+        except OSError as exc:  # URLError is one
             # Once at warning level: a collector that is down would otherwise flood the log.
             level = logging.DEBUG if self._failed_once else logging.WARNING
             self._failed_once = True
