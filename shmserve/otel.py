@@ -132,6 +132,12 @@ class SpanIds:
     def child(self) -> "SpanIds":
         return SpanIds(self.trace_id, new_span_id(), parent_span=self.model_span)
 
+    def model_context(self) -> str:
+        """What the model's `request.trace().get_context()` gives: the W3C context of its
+        model span, as JSON, so spans the model makes become that span's children (the form
+        Triton 2.51 gives, probed)."""
+        return f'{{"traceparent":"00-{self.trace_id}-{self.model_span}-01"}}'
+
 
 def spans(events: list, ids: SpanIds, clock_offset_ns: int) -> list:
     """The OTLP spans of one finished trace's events (tracing.Trace.events); `clock_offset_ns`

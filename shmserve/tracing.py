@@ -302,6 +302,11 @@ class Trace:
                 "name": name, "data": _values(datatype, data),
                 "shape": ",".join(str(d) for d in shape), "dtype": datatype}})
 
+    @property
+    def context(self) -> str:
+        """The OpenTelemetry context handed to the model; "" in the triton mode."""
+        return self.span_ids.model_context() if self.span_ids is not None else ""
+
     def finish(self) -> None:
         if not self._finished:
             self._finished = True

@@ -141,6 +141,7 @@ class WorkerLoop:
                 sequence_slot=r.sequence_slot,
                 ready=r.ready,
                 trace_id=r.trace_id,
+                trace_context=r.trace_context,
             ))
         runnable = [req for i, req in enumerate(requests) if i not in unreadable]
         responses, timings = self._runner.execute(runnable)

@@ -60,6 +60,7 @@ class RunnerRequest:
     sequence_slot: int = -1
     ready: bool = True
     trace_id: int = 0  # the front's trace of the request, 0 when it is not traced
+    trace_context: str = ""  # its OpenTelemetry context, in that trace mode
     # Set by execute: an iterative-sequence model asked to run the request again
     # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE); it has no response, or no final one, yet.
     rescheduled: bool = False
@@ -314,6 +315,7 @@ class ModelRunner:
                 requested_output_names=request.requested_output_names,
                 sender=pb_utils.InferenceResponseSender(sent, request.is_cancelled),
                 trace_id=request.trace_id,
+                trace_context=request.trace_context,
             )
             batch.append((index, pb_request, sent))
         inputs_done = time.perf_counter_ns()

@@ -352,14 +352,20 @@ class PreferredMemory:
 class InferenceTrace:
     """The trace of a request (`request.trace()`). A BLS request given it
     (`InferenceRequest(..., trace=request.trace())`) is traced as a child of the request's
-    trace, if that request is traced. The context is OpenTelemetry's, which shmserve's
-    triton trace mode has not."""
+    trace, if that request is traced."""
 
-    def __init__(self, trace_id: int = 0):
+    def __init__(self, trace_id: int = 0, context: str = ""):
         self._trace_id = trace_id  # the front's trace id; 0: not traced
+        self._context = context
 
-    def get_context(self):
-        return None
+    def get_context(self, mode="opentelemetry"):
+        """The OpenTelemetry context of the request's model span as a JSON string
+        (`{"traceparent": ...}`, for a propagator's `extract(json.loads(...))`), or None when
+        the request is not traced or the server traces in the triton mode, as in Triton.
+        `mode` is what later Triton releases take; only "opentelemetry" has a context."""
+        if mode != "opentelemetry":
+            return None
+        return self._context or None
 
 
 class InferenceResponseSender:
@@ -458,6 +464,7 @@ class InferenceRequest:
         requested_output_names,
         sender: InferenceResponseSender,
         trace_id: int = 0,
+        trace_context: str = "",
     ) -> "InferenceRequest":
         """A request handed to execute(): the runner's path, without the BLS argument checks."""
         request = cls.__new__(cls)
@@ -470,7 +477,7 @@ class InferenceRequest:
         request._flags = flags
         request._timeout = timeout
         request._preferred_memory = None
-        request._trace = InferenceTrace(trace_id)
+        request._trace = InferenceTrace(trace_id, trace_context)
         # Client parameters pass through unchecked: they may hold types models cannot set.
         request._parameters = parameters
         request._sender = sender

@@ -162,10 +162,7 @@ class HttpRoutes:
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, request.headers.items(),
                                       self.header_pattern)
-        if self.dp.tracer.on:
-            infer_request.received = (("HTTP_RECV_START", request.begun_ns),
-                                      ("HTTP_RECV_END", time.perf_counter_ns()))
-            infer_request.traceparent = request.headers.get("traceparent", "")
+        self._note_for_tracing(request, infer_request)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
@@ -257,7 +254,16 @@ class HttpRoutes:
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, request.headers.items(),
                                       self.header_pattern)
+        self._note_for_tracing(request, infer_request)
         return infer_request
+
+    def _note_for_tracing(self, request: Request, infer_request) -> None:
+        """When the request was read, and the client's trace context: what a trace of it
+        starts from, if some settings trace."""
+        if self.dp.tracer.on:
+            infer_request.received = (("HTTP_RECV_START", request.begun_ns),
+                                      ("HTTP_RECV_END", time.perf_counter_ns()))
+            infer_request.traceparent = request.headers.get("traceparent", "")
 
 
 def _json_body(request: Request) -> dict:

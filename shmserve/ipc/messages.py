@@ -147,16 +147,19 @@ class RequestFrame:
     # The id of the request's trace, 0 when it is not traced: a BLS request the model makes
     # with `trace=request.trace()` is traced as its child.
     trace_id: int = 0
+    # Its OpenTelemetry context (JSON), "" unless it is traced in the opentelemetry mode.
+    trace_context: str = ""
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
-                self.output_regions, self.sequence_slot, self.ready, self.trace_id]
+                self.output_regions, self.sequence_slot, self.ready, self.trace_id,
+                self.trace_context]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7], w[8], w[9], w[10])
+                            w[6], w[7], w[8], w[9], w[10], w[11])
 
 
 @dataclass(slots=True)

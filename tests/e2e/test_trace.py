@@ -200,6 +200,8 @@ def test_a_bls_request_given_the_trace_is_a_child_trace_and_others_are_not_trace
         result = grpc.infer("bls_probe", inputs, request_id="bls-parent")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + y)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + y)
+    # An OpenTelemetry context only in that mode, as Triton 2.51 (probed).
+    assert result.as_numpy("TEXT").tolist() == [b"None"]
     (parent,) = traces_of(traced.trace_folder, "bls-parent")
     assert parent[0]["model_name"] == "bls_probe"
     deadline = time.monotonic() + 10

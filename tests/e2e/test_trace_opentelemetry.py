@@ -2,8 +2,10 @@
 the spans of a gRPC request, an ensemble and an HTTP request carrying a client's trace context,
 laid out as Triton 2.51 exports them (probed with a collector), and the settings as shown."""
 
+import json
 import time
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -12,7 +14,7 @@ import tritonclient.http as httpclient
 from tests.conftest import start_server, stop_server
 from tests.unit.test_otel import Collector
 
-MODELS = ("identity_fp32", "ens_large")
+MODELS = ("identity_fp32", "ens_large", "bls_probe", "add_sub")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,19 @@ def test_an_http_request_with_a_trace_context_joins_the_clients_trace(exporting)
         "HTTP_SEND_END"]
 
 
+def test_a_generate_request_with_a_trace_context_joins_the_clients_trace(exporting):
+    trace_id, parent = "5af7651916cd43dd8448eb211c80319d", "c7ad6b7169203332"
+    r = httpx.post(f"http://{exporting.http_url}/v2/models/identity_fp32/generate",
+                   json={"INPUT0": [1.0, 2.0], "id": "otel-generate"},
+                   headers={"traceparent": f"00-{trace_id}-{parent}-01"}, timeout=30)
+    assert r.status_code == 200, r.text
+    spans = {s["name"]: s for s in spans_of(exporting.collector, "otel-generate", want=3)}
+    assert {s["traceId"] for s in spans.values()} == {trace_id}
+    assert spans["InferRequest"]["parentSpanId"] == parent
+    assert [e["name"] for e in spans["InferRequest"]["events"]][:2] == [
+        "HTTP_RECV_START", "HTTP_RECV_END"]
+
+
 def test_a_grpc_stream_with_a_trace_context_puts_each_request_in_the_clients_trace(exporting):
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     results = []
@@ -116,6 +131,29 @@ def test_a_grpc_stream_with_a_trace_context_puts_each_request_in_the_clients_tra
         spans = {s["name"]: s for s in spans_of(exporting.collector, f"otel-stream-{i}", want=3)}
         assert spans["identity_fp32"]["traceId"] == trace_id
         assert spans["InferRequest"]["parentSpanId"] == parent
+
+
+def test_a_model_gets_the_context_of_its_model_span_and_its_bls_requests_are_children(
+        exporting):
+    trace_id, parent = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
+    x = np.array([1, 2, 3, 4], np.float32)
+    inputs = [httpclient.InferInput("MODE", [1], "BYTES"),
+              httpclient.InferInput("INPUT0", [4], "FP32"),
+              httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([b"traced"], np.object_))
+    inputs[1].set_data_from_numpy(x)
+    inputs[2].set_data_from_numpy(x)
+    with httpclient.InferenceServerClient(exporting.http_url) as client:
+        result = client.infer("bls_probe", inputs, request_id="otel-context",
+                              headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    context = json.loads(result.as_numpy("TEXT")[0])
+    # InferRequest, bls_probe and its compute; add_sub (the traced BLS call) and its compute.
+    spans = spans_of(exporting.collector, "otel-context", want=5)
+    by_name = {s["name"]: s for s in spans}
+    model_span = by_name["bls_probe"]["spanId"]
+    assert context == {"traceparent": f"00-{trace_id}-{model_span}-01"}
+    assert by_name["add_sub"]["parentSpanId"] == model_span
+    assert {s["traceId"] for s in spans} == {trace_id}
 
 
 def test_the_settings_show_the_mode_and_its_own_settings(exporting):

@@ -91,6 +91,15 @@ def test_a_propagated_context_gives_the_trace_and_the_request_spans_parent():
     assert request["parentSpanId"] == "b7ad6b7169203331"
 
 
+def test_a_model_sees_the_context_of_its_own_model_span():
+    ids = SpanIds.root("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    for place in (ids, ids.child()):
+        context = json.loads(place.model_context())
+        assert list(context) == ["traceparent"]
+        assert parse_traceparent(context["traceparent"]) == (ids.trace_id, place.model_span)
+        assert context["traceparent"].endswith("-01")  # sampled
+
+
 class Collector:
     """An OTLP/HTTP receiver on 127.0.0.1: what each POST carried."""
 

@@ -228,6 +228,15 @@ def test_incoming_request_accessors():
     assert request.trace().get_context() is None
 
 
+def test_the_trace_context_is_the_one_the_front_gave():
+    context = '{"traceparent":"00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"}'
+    trace = pb_utils.InferenceTrace(3, context)
+    assert trace.get_context() == context
+    assert trace.get_context(mode="opentelemetry") == context
+    assert trace.get_context(mode="triton") is None
+    assert pb_utils.InferenceTrace(3).get_context() is None  # traced in the triton mode
+
+
 def test_cancellation_reaches_request_and_sender():
     cancelled = [False]
     sender = pb_utils.InferenceResponseSender(lambda r, f: None, is_cancelled=lambda: cancelled[0])

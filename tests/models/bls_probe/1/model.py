@@ -61,7 +61,8 @@ class TritonPythonModel:
                 else:
                     values.append(float(out.as_numpy()[0]))
             return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text(f"empty {empty}")])
-        if mode == "traced":  # add_sub twice: with this request's trace, then without
+        if mode == "traced":  # add_sub twice: with this request's trace, then without; the
+            # trace's OpenTelemetry context as TEXT
             with_trace = _request("add_sub", ["OUTPUT0"], trace=request.trace(),
                                   INPUT0=x, INPUT1=y).exec()
             without = _request("add_sub", ["OUTPUT0"], INPUT0=x, INPUT1=y).exec()
@@ -70,7 +71,8 @@ class TritonPythonModel:
                     return pb_utils.InferenceResponse(error=r.error())
             return pb_utils.InferenceResponse([
                 _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(with_trace, "OUTPUT0").as_numpy()),
-                _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(without, "OUTPUT0").as_numpy())])
+                _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(without, "OUTPUT0").as_numpy()),
+                _text(str(request.trace().get_context()))])
         if mode == "bytes":
             words = np.array([b"alpha", b"", b"gamma"], np.object_)
             response = _request("string_echo", ["OUTPUT0"], INPUT0=words).exec()
