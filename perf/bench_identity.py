@@ -3,12 +3,17 @@ shmserve, in one run, with perf_analyzer and with our own load generator (loadge
 
     .venv/bin/python perf/bench_identity.py [--only triton|shmserve] [--reps N] [--no-loadgen]
                                             [--concurrency 1 8 32 64] [--protocols grpc http]
+                                            [--model identity_fp32_20ms]
 
 Both servers serve perf/triton_repo/ (the same model files). They run one after the other, never
 together, so neither takes CPU from the other; with --reps > 1 the order alternates. Each one is
 checked for correct outputs, measured by perf_analyzer and then by loadgen.py, and stopped by its
 PID afterwards, also on failure. Prints markdown tables (the ratios shmserve / Triton against the
 target first) and writes everything under perf/results/.
+
+`--model identity_fp32_20ms` runs the same identity behind 20 ms per execute() at any batch size (a
+stand-in for a GPU model), where throughput follows how many requests each batch holds;
+perf_analyzer only.
 """
 import argparse
 import json
@@ -27,7 +32,7 @@ import loadgen
 from pa_runner import measure
 from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio
 
-MODEL = "identity_fp32"
+MODELS = ("identity_fp32", "identity_fp32_20ms")
 SHAPE = (1, 16)
 TOOLS = ("perf_analyzer", "loadgen")
 # The issue's target, per case: shmserve / Triton.
@@ -35,7 +40,7 @@ TARGET_MIN_THROUGHPUT = 1.0
 TARGET_MAX_P99 = 1.2
 
 
-def check_identity(server: Server) -> None:
+def check_identity(server: Server, model: str) -> None:
     """perf_analyzer does not look at outputs: make sure the server really echoes the input."""
     data = np.random.default_rng().standard_normal(SHAPE).astype(np.float32)
     for module, port in ((grpcclient, server.grpc_port), (httpclient, server.http_port)):
@@ -43,7 +48,7 @@ def check_identity(server: Server) -> None:
         try:
             tensor = module.InferInput("INPUT0", list(SHAPE), "FP32")
             tensor.set_data_from_numpy(data)
-            out = client.infer(MODEL, [tensor]).as_numpy("OUTPUT0")
+            out = client.infer(model, [tensor]).as_numpy("OUTPUT0")
         finally:
             client.close()
         if out is None or out.dtype != np.float32 or not np.array_equal(out, data):
@@ -55,8 +60,8 @@ def port_of(server: Server, protocol: str) -> int:
 
 
 def run_perf_analyzer(server: Server, protocol: str, concurrency: int, pa: tuple[str, str], out_dir: Path,
-                      rep: int) -> dict:
-    args = ["-m", MODEL, "-u", f"127.0.0.1:{port_of(server, protocol)}", "-i", protocol,
+                      rep: int, model: str) -> dict:
+    args = ["-m", model, "-u", f"127.0.0.1:{port_of(server, protocol)}", "-i", protocol,
             "--shape", f"INPUT0:{SHAPE[1]}", "--concurrency-range", f"{concurrency}:{concurrency}"]
     cpu0, t0 = tree_cpu_seconds(server.pid), time.monotonic()
     m = measure(*pa, args, out_dir / "pa" / f"{server.name}_{protocol}_c{concurrency}_r{rep}")
@@ -84,7 +89,7 @@ def measure_server(server: Server, cases, pa: tuple[str, str], out_dir: Path, re
     for tool in tools:
         for protocol, concurrency in cases:
             if tool == "perf_analyzer":
-                figures = run_perf_analyzer(server, protocol, concurrency, pa, out_dir, rep)
+                figures = run_perf_analyzer(server, protocol, concurrency, pa, out_dir, rep, args.model)
             else:
                 figures = run_loadgen(server, protocol, concurrency, args)
             rec = dict(rep=rep, server=server.name, tool=tool, protocol=protocol, concurrency=concurrency, **figures)
@@ -97,8 +102,8 @@ def run_one(server: Server, cases, pa, out_dir: Path, rep: int, args, records: l
     errors = []
     try:
         server.start()
-        server.wait_model_ready(MODEL)
-        check_identity(server)
+        server.wait_model_ready(args.model)
+        check_identity(server, args.model)
         measure_server(server, cases, pa, out_dir, rep, args, records)
     except (ServerError, OSError, subprocess.SubprocessError, grpcclient.InferenceServerException) as e:
         errors.append(f"{server.name} rep {rep}: {e}")
@@ -221,7 +226,7 @@ def report(records: list[dict], errors: list[str], cases, tools, args, elapsed_s
             f"\nloadgen.py: {args.loadgen_warmup:g} s warm-up, then {args.loadgen_windows} windows of "
             f"{args.loadgen_window_s:g} s; window spread = (max - min) / median of the per-window throughputs. "
             "CPU figures cover the measured windows only.\n"]
-    parts.append(f"Medians over {args.reps} rep(s). Model {MODEL}, FP32 {list(SHAPE)} (64 B), dynamic batching, "
+    parts.append(f"Medians over {args.reps} rep(s). Model {args.model}, FP32 {list(SHAPE)} (64 B), dynamic batching, "
                  f"max_batch_size 64. perf_analyzer -p 3000 --max-trials 20. Run time {elapsed_s / 60:.1f} min.")
     return "\n".join(parts) + "".join(f"\n- error: {e}" for e in errors)
 
@@ -237,8 +242,14 @@ def parse_args():
     ap.add_argument("--loadgen-warmup", type=float, default=2.0, help="seconds (default 2)")
     ap.add_argument("--loadgen-windows", type=int, default=3, help="measured windows (default 3)")
     ap.add_argument("--loadgen-window-s", type=float, default=2.0, help="seconds per window (default 2)")
+    ap.add_argument("--model", choices=MODELS, default=MODELS[0],
+                    help="identity_fp32 (default), or identity_fp32_20ms: 20 ms a batch "
+                         "(perf_analyzer only)")
     add_server_arguments(ap)
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.model != MODELS[0]:
+        args.loadgen = False  # loadgen.py drives identity_fp32 only
+    return args
 
 
 def main() -> int:
@@ -248,7 +259,7 @@ def main() -> int:
     cases = [(p, c) for p in args.protocols for c in args.concurrency]
     tools = TOOLS if args.loadgen else TOOLS[:1]
     pa = (env["PERF_ANALYZER"], env["PA_LD"])
-    (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env, model=MODEL, shape=list(SHAPE)), indent=1, default=str))
+    (out_dir / "meta.json").write_text(json.dumps(run_metadata(args, env, model=args.model, shape=list(SHAPE)), indent=1, default=str))
 
     # SIGTERM must also reach the finally blocks that stop the servers and the loadgen workers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -13,6 +13,7 @@ import sys
 from shmserve import logs, restricted_api
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
+from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
@@ -205,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "after one ended before it sleeps, while the machine "
                                       "has 3/4 of a core idle "
                                       f"(default {DEFAULT_SPIN_US}; 0: never)")
+    p.add_argument("--pipeline-below-us", type=_non_negative_int,
+                   default=DEFAULT_PIPELINE_BELOW_US, metavar="US",
+                   help="an instance whose batches take less than this is sent its next "
+                        "batch while it runs one, so that it never waits for the server; "
+                        "one with longer batches gets the next when it is free, as in Triton, "
+                        f"so that more requests join it (default {DEFAULT_PIPELINE_BELOW_US}; "
+                        "0: never)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
@@ -340,6 +348,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         rate_limit_resources=rate_limit_resources,
         worker_spin_us=args.worker_spin_us,
         front_spin_us=args.front_spin_us,
+        pipeline_below_us=args.pipeline_below_us,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

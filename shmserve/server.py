@@ -16,6 +16,7 @@ from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.front_spin import FrontSpin
+from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.grpc.tls import TlsSettings, server_context
@@ -97,6 +98,9 @@ class Options:
     # shmserve's own: how long the front polls after it sent a batch and after one ended
     # before it sleeps, while the machine has a core to spare (0: never).
     front_spin_us: int = DEFAULT_SPIN_US
+    # shmserve's own: an instance whose batches take less than this is sent its next batch
+    # while it runs one (0: never, as Triton).
+    pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -128,6 +132,7 @@ class Server:
                              worker_spin_us=options.worker_spin_us,
                              front_spin=(FrontSpin(options.front_spin_us)
                                          if options.front_spin_us else None),
+                             pipeline_below_us=options.pipeline_below_us,
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

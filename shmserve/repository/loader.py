@@ -21,7 +21,7 @@ from shmserve.classification import read_labels
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
-from shmserve.dispatch.pool import InstancePool
+from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US, InstancePool
 from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg
@@ -53,14 +53,18 @@ class Loader:
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
                  disable_auto_complete=False, load_retries: int = 0,
                  summary_quantiles: tuple = (), rate_limiter=None,
-                 worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None):
+                 worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None,
+                 pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
         `rate_limiter`: the RateLimiter of --rate-limit=execution_count, or None;
         `worker_spin_us`: the workers' polling between batches (--worker-spin-us);
-        `front_spin`: the front's polling around batches (a FrontSpin), or None."""
+        `front_spin`: the front's polling around batches (a FrontSpin), or None;
+        `pipeline_below_us`: how short an instance's batches must be for it to be sent the
+        next while it runs one (--pipeline-below-us)."""
         self._rate_limiter = rate_limiter
+        self._pipeline_below_us = pipeline_below_us
         self._worker_spin_us = worker_spin_us
         self._front_spin = front_spin
         self._summary_quantiles = summary_quantiles
@@ -248,7 +252,8 @@ class Loader:
         errors = [r for r in results if isinstance(r, BaseException)]
         limiter = self._rate_limiter
         pool = InstancePool(workers, limiter=limiter if limiter is not None
-                            and any(limiter.limits(w) for w in workers) else None)
+                            and any(limiter.limits(w) for w in workers) else None,
+                            pipeline_below_us=self._pipeline_below_us)
         if not errors:
             try:
                 mv.scheduler = _scheduler(config, config_json, pool, mv.stats, entry.path,

@@ -41,9 +41,12 @@ class DefaultScheduler:
         return responses[0], timings, queue_ns
 
     def _batch_done(self, batch: asyncio.Future, inst, batch_size: int) -> None:
-        self._pool.release(inst)
-        if not batch.cancelled() and batch.exception() is None:
-            self._stats.record_execution(batch_size, batch.result()[1])
+        if batch.cancelled() or batch.exception() is not None:
+            self._pool.release(inst)
+            return
+        timings = batch.result()[1]
+        self._pool.release(inst, timings)
+        self._stats.record_execution(batch_size, timings)
 
     def default_bound_applies(self, work) -> bool:
         """Whether the server's default queue bound may refuse `work`: always, as there is

@@ -209,7 +209,7 @@ class DynamicBatcher:
             self._failed(inst, entries, batch.exception())
             return
         responses, timings = batch.result()
-        self._pool.release(inst)
+        self._pool.release(inst, timings)
         self._stats.record_execution(sum(e.batch_size for e in entries), timings)
         for e, response in zip(entries, responses):
             self._answer(e, (response, timings, dispatched_ns - e.enqueued_ns))

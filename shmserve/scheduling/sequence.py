@@ -413,7 +413,7 @@ class SequenceBatcher:
         for index, response in enumerate(responses):
             if index not in answered and response.release is not None:
                 response.release()  # a null request's outputs
-        self._pool.release(inst)  # and with the room it makes, the next batch
+        self._pool.release(inst, timings)  # and with the room it makes, the next batch
 
     def _record_iteration(self, entry: _Request, timings) -> None:
         """Triton's statistics count every step of an iterative request as an inference and

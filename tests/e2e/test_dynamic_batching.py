@@ -1,11 +1,11 @@
-"""The dynamic batcher end to end: tritonclient (HTTP and gRPC) against the session server's
-batch_* models, which report how each execute call was batched (tests/models/README.md).
+"""The dynamic batcher end to end: tritonclient (HTTP and gRPC) against the batch_* models,
+which report how each execute call was batched (tests/models/README.md), on a server that
+sends an instance its next batch only when it is free (--pipeline-below-us=0, as Triton).
 
 Batches form deterministically: requests that wait for a file (their `hold_until` parameter)
-first fill every batch slot of the model's instances; the test then sends the requests under
-study one by one, waiting for each to show in nv_inference_pending_request_count (so they are
-queued, in a known order), and only then creates the file. Timings are asserted only with wide
-margins.
+first occupy the model's instances; the test then sends the requests under study one by one,
+waiting for each to show in nv_inference_pending_request_count (so they are queued, in a known
+order), and only then creates the file. Timings are asserted only with wide margins.
 """
 
 import asyncio
@@ -27,11 +27,22 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from shmserve.dispatch.pool import PIPELINE_DEPTH
+from tests.conftest import start_server, stop_server
 
 PROTOCOLS = ("http", "grpc")
+MODELS = ("batch_recorder", "batch_parallel", "batch_preferred", "batch_priority", "batch_custom")
+SLOTS = 1  # the batches an instance holds, on this module's server
 AIO = {"http": httpaio, "grpc": grpcaio}
 UNAVAILABLE = {"http": "503", "grpc": "StatusCode.UNAVAILABLE"}
+
+
+@pytest.fixture(scope="module")
+def server(test_repository, tmp_path_factory):
+    srv = start_server(test_repository, str(tmp_path_factory.mktemp("batching") / "log"),
+                       "--model-control-mode=explicit", *(f"--load-model={m}" for m in MODELS),
+                       "--pipeline-below-us=0", wait_models=MODELS)
+    yield srv
+    stop_server(srv)
 
 
 @dataclass
@@ -107,7 +118,7 @@ class Scenario:
         """Fill every batch slot of the instances with a request that waits for release()
         and then sleeps `then` seconds; requests sent meanwhile wait in the batcher's queue."""
         held = []
-        for _ in range(instances * PIPELINE_DEPTH):
+        for _ in range(instances * SLOTS):
             held.append(self.send(rows=rows, delay=then, parameters={"hold_until": self._gate}))
             await asyncio.sleep(0.05)  # each arrives before the next, and finds a free slot
         return held
@@ -207,12 +218,12 @@ def test_queued_requests_run_as_one_batch(server, protocol):
     before = model_stats(server, protocol, "batch_recorder")
     held, batch = run(server, protocol, "batch_recorder", body)
     after = model_stats(server, protocol, "batch_recorder")
-    assert [(a.batch, a.requests) for a in held] == [(1, 1)] * PIPELINE_DEPTH
+    assert [(a.batch, a.requests) for a in held] == [(1, 1)] * SLOTS
     assert [(a.batch, a.requests) for a in batch] == [(6, 6)] * 6
     assert len({a.start for a in batch}) == 1  # one execute call
     assert stats_delta(before, after) == {
-        "execution_count": PIPELINE_DEPTH + 1, "inference_count": PIPELINE_DEPTH + 6,
-        "batches": {1: PIPELINE_DEPTH, 6: 1}}
+        "execution_count": SLOTS + 1, "inference_count": SLOTS + 6,
+        "batches": {1: SLOTS, 6: 1}}
 
 
 def test_requests_count_for_their_batch_size_up_to_max_batch_size(server):
@@ -228,8 +239,8 @@ def test_requests_count_for_their_batch_size_up_to_max_batch_size(server):
     after = model_stats(server, "http", "batch_recorder")
     assert [(a.batch, a.requests) for a in answers] == [(6, 2), (6, 2), (4, 2), (4, 2)]
     assert stats_delta(before, after) == {
-        "execution_count": PIPELINE_DEPTH + 2, "inference_count": PIPELINE_DEPTH + 10,
-        "batches": {1: PIPELINE_DEPTH, 6: 1, 4: 1}}
+        "execution_count": SLOTS + 2, "inference_count": SLOTS + 10,
+        "batches": {1: SLOTS, 6: 1, 4: 1}}
 
 
 def test_different_shapes_do_not_batch_together(server):
@@ -286,6 +297,38 @@ def test_two_instances_run_two_batches_at_once(server):
     assert len(batches) == 2
     (start0, end0), (start1, end1) = batches.values()
     assert max(start0, start1) < min(end0, end1)  # they ran at the same time
+
+
+def test_only_an_instance_with_short_batches_is_sent_the_next_while_it_runs_one(
+        test_repository, tmp_path):
+    """With the default --pipeline-below-us: an instance that knows only short batches takes
+    a second one behind the one it runs; after a long batch, the next waits in the queue
+    until the instance is free, so that whatever arrives meanwhile joins it (as Triton)."""
+    srv = start_server(test_repository, str(tmp_path / "log"), "--model-control-mode=explicit",
+                       "--load-model=batch_recorder", wait_models=("batch_recorder",))
+
+    async def second_while_held(s, pipelined: bool):
+        held = s.send(delay=0.0, parameters={"hold_until": s._gate})
+        await asyncio.sleep(0.1)  # running, and waiting for the file
+        second = s.send()
+        if pipelined:
+            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(pending_requests, s.server, s.model) == 0
+        else:
+            await s.queued(1)
+        s.release()
+        return await held, await second
+
+    try:
+        # A fresh instance: nothing known, so the second goes behind the first at once.
+        first, second = run(srv, "http", "batch_recorder", lambda s: second_while_held(s, True))
+        # That held batch took over 100 ms: from now on, one batch at a time.
+        third, fourth = run(srv, "http", "batch_recorder", lambda s: second_while_held(s, False))
+    finally:
+        stop_server(srv)
+    for held, later in ((first, second), (third, fourth)):
+        assert (held.requests, later.requests) == (1, 1)
+        assert later.start >= held.end
 
 
 # -- preferred sizes and the queue delay ------------------------------------------------------
@@ -466,7 +509,6 @@ def test_statistics_report_batch_sizes_on_every_endpoint(server):
 
 
 def test_a_broken_batch_strategy_makes_only_its_model_unavailable(tmp_path):
-    from tests.conftest import start_server, stop_server
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     repo = tmp_path / "repo"

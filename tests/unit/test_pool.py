@@ -143,3 +143,44 @@ def test_cancelled_caller_leaves_the_batch_running_and_releases_its_outputs():
         assert await asyncio.wait_for(waiter, 1) is inst
         assert released == [1]  # nobody copied the outputs out, so they were released
     run(go())
+
+
+def test_an_instance_with_long_batches_holds_one_at_a_time():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=2, pipeline_below_us=1000)
+        first = pool.try_acquire()
+        assert pool.try_acquire() is a  # nothing known yet: pipelined
+        pool.release(a, BatchTimings(0, 5_000_000, 0))  # a 5 ms batch
+        assert not pool.has_room()  # the next forms when this one is done
+        pool.release(first, BatchTimings(0, 5_000_000, 0))
+        assert pool.try_acquire() is a and not pool.has_room()
+        # Short batches again: once the average is under the bound, two at a time.
+        for _ in range(4):
+            pool.release(a, BatchTimings(20_000, 50_000, 10_000))
+            assert pool.try_acquire() is a
+        assert pool.try_acquire() is a
+    run(go())
+
+
+def test_one_odd_batch_does_not_stop_pipelining():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=2, pipeline_below_us=1000)
+        for _ in range(6):
+            pool.try_acquire()
+            pool.release(a, BatchTimings(0, 100_000, 0))
+        pool.try_acquire()
+        pool.release(a, BatchTimings(0, 1_500_000, 0))  # averages under 1 ms
+        assert pool.try_acquire() is a and pool.try_acquire() is a
+    run(go())
+
+
+def test_pipelining_off_holds_one_batch_from_the_start():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=2, pipeline_below_us=0)
+        assert pool.try_acquire() is a and not pool.has_room()
+        pool.release(a, BatchTimings(0, 1_000, 0))
+        assert pool.try_acquire() is a and not pool.has_room()
+    run(go())
