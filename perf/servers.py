@@ -3,6 +3,7 @@ and shmserve. Each binds 127.0.0.1 only and is stopped by its PID."""
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -184,7 +185,9 @@ class ShmServer(Server):
             "--model-repository", str(self.model_repository),
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port), "--http-address", "127.0.0.1",
-            "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+            "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+            # Flags to compare, as the anchors' TRITON_EXTRA_ARGS does for Triton.
+            *shlex.split(os.environ.get("SHMSERVE_EXTRA_ARGS", ""))]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
