@@ -4,7 +4,7 @@ An instance whose batches are short may hold `depth` batches: the one it execute
 queued behind it. A worker that finds its next batch already in its socket never goes to
 sleep under load, and waking a sleeping process on another core costs tens of microseconds
 on a VM, more than a small batch takes to run. An instance whose batches take longer than
-`pipeline_below_ns` holds one, as in Triton: its next batch forms when it is free, so every
+`pipeline_below_us` holds one, as in Triton: its next batch forms when it is free, so every
 request that arrived meanwhile joins it. Sent early, that batch would hold only the requests
 queued so far (a model taking 20 ms a batch served a third fewer requests at concurrency 32,
 its batches split three ways), to save a wake-up that is small beside its run. The
