@@ -114,14 +114,12 @@ class Options:
 
 class Server:
     def __init__(self, options: Options):
-        if len(options.model_repository) != 1:
-            raise ValueError("exactly one --model-repository is supported")
         self.options = options
         self.registry = Registry()
         self.shared_memory = SharedMemoryManager(allowed=options.allow_client_shm,
                                                  gpu_count=gpu_count())
         self.supervisor = Supervisor(hang_timeout=options.model_instance_timeout_secs)
-        self.loader = Loader(self.registry, options.model_repository[0],
+        self.loader = Loader(self.registry, options.model_repository,
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
                              load_retries=options.model_load_retry_count,

@@ -27,7 +27,7 @@ from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.repository.autocomplete import complete_model_config
-from shmserve.repository.scan import scan_repository, select_versions
+from shmserve.repository.scan import select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
 from shmserve.scheduling.ensemble import ENSEMBLE_PLATFORM, EnsemblePlan, EnsembleScheduler
@@ -49,7 +49,7 @@ def gpu_count() -> int:
 
 
 class Loader:
-    def __init__(self, registry: reg.Registry, repository: str, *, config_name=None,
+    def __init__(self, registry: reg.Registry, repositories: list[str], *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
                  disable_auto_complete=False, load_retries: int = 0,
                  summary_quantiles: tuple = (), rate_limiter=None,
@@ -69,7 +69,7 @@ class Loader:
         self._front_spin = front_spin
         self._summary_quantiles = summary_quantiles
         self.registry = registry
-        self.repository = os.path.abspath(repository)
+        self.repositories = [os.path.abspath(root) for root in repositories]
         self._config_name = config_name
         self._gpus = gpu_count()
         self._on_instance_exit = on_instance_exit
@@ -82,10 +82,8 @@ class Loader:
         # Serves the models' calls into the server (server_calls.ServerCalls); set by the server.
         self.server_calls = None
 
-    async def load_all(self, names=None) -> None:
-        entries = scan_repository(self.repository)
-        if names is not None:
-            entries = [e for e in entries if e.name in names]
+    async def load_all(self, entries: list) -> None:
+        """Load the models of `entries` (ModelEntry), each ensemble after its steps."""
         # Ensembles load after the models they use: checking one needs its steps' configs.
         steps = {e.name: self.ensemble_steps(e) for e in entries}
         await asyncio.gather(*(self.load_model(e) for e in entries if steps[e.name] is None))

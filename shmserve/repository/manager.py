@@ -21,7 +21,8 @@ import tempfile
 from shmserve import registry as reg
 from shmserve.config.parse import parse_config_json
 from shmserve.errors import Code, ServerError
-from shmserve.repository.scan import ModelEntry, scan_repository, version_dirs
+from shmserve.repository.scan import (ModelEntry, find_model, not_unique, scan_repositories,
+                                     scan_repository, version_dirs)
 
 log = logging.getLogger("shmserve.repository")
 
@@ -39,7 +40,8 @@ class ModelManager:
         self.loader = loader
         self.mode = mode
         self._startup = set(startup_models)
-        self._missing: list = []  # --load-model names not in the repository
+        self._missing: list = []  # --load-model names not in the repositories (or in several)
+        self._not_unique: list = []  # models to load at start found in several repositories
         self._poll_secs = poll_secs
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
@@ -50,18 +52,19 @@ class ModelManager:
         self._poller = None
 
     @property
-    def repository(self) -> str:
-        return self.loader.repository
+    def repositories(self) -> list[str]:
+        return self.loader.repositories
 
     async def start(self) -> None:
         if self.mode == "explicit":
             names = None if "*" in self._startup else self._startup
         else:
             names = None
-        entries = scan_repository(self.repository)
+        entries, self._not_unique = scan_repositories(self.repositories)
         if names is not None:
             found = {e.name for e in entries}
             self._missing = sorted(n for n in names if n not in found)
+            self._not_unique = [n for n in self._not_unique if n in names]
             named = [e for e in entries if e.name in names]
             self._explicit.update(e.name for e in named)
             entries = _with_steps(named, entries, self.loader)
@@ -69,15 +72,16 @@ class ModelManager:
             self._explicit.update(e.name for e in entries)
         if self.mode == "poll":
             self._fingerprints = {e.name: fingerprint(e.path) for e in entries}
-        await self.loader.load_all(None if names is None else {e.name for e in entries})
+        await self.loader.load_all(entries)
         if self.mode == "poll":
             self._poller = asyncio.ensure_future(self._poll_forever())
 
     def startup_failures(self) -> list:
         """What failed to load at start, one line each: models of the repository, and
-        --load-model names that are not in it."""
-        out = [f"failed to load '{name}', failed to poll from model repository"
-               for name in self._missing]
+        --load-model names that are not in it (or in several repositories)."""
+        out = [not_unique(name) for name in self._not_unique]
+        out += [f"failed to load '{name}', failed to poll from model repository"
+                for name in self._missing if name not in self._not_unique]
         for rec in self.registry.models.values():
             if rec.reason:
                 out.append(f"failed to load '{rec.name}': {rec.reason}")
@@ -98,11 +102,13 @@ class ModelManager:
         self._uploads.clear()
 
     def repository_names(self) -> list:
-        """The models of the repository, loaded or not, as the index lists them."""
-        try:
-            names = {e.name for e in scan_repository(self.repository)}
-        except OSError:
-            names = set()
+        """The models of the repositories, loaded or not, as the index lists them."""
+        names = set()
+        for root in self.repositories:
+            try:
+                names.update(e.name for e in scan_repository(root))
+            except OSError:
+                pass
         return sorted(names | set(self.registry.models))
 
     # -- the load / unload API ---------------------------------------------------------
@@ -128,8 +134,8 @@ class ModelManager:
                                   f"load failed for model '{name}': {exc.message}\n") from None
         async with self._lock(name):
             upload = _write_upload(name, files) if files else None
-            path = upload or os.path.join(self.repository, name)
-            if not os.path.isdir(path):
+            path = upload or find_model(self.repositories, name)
+            if path is None:
                 raise ServerError(Code.INTERNAL, f"failed to load '{name}', failed to poll "
                                                  f"from model repository")
             entry = ModelEntry(name, path, version_dirs(path))
@@ -150,8 +156,8 @@ class ModelManager:
             rec = self.registry.models.get(step)
             if rec is not None and any(mv.ready for mv in rec.versions.values()):
                 continue
-            path = os.path.join(self.repository, step)
-            if not os.path.isdir(path):
+            path = find_model(self.repositories, step)
+            if path is None:
                 continue  # the ensemble's load says which step is missing
             async with self._lock(step):
                 step_entry = ModelEntry(step, path, version_dirs(path))
@@ -227,7 +233,7 @@ class ModelManager:
 
     async def poll(self) -> None:
         """Bring the loaded models in line with the repository."""
-        entries = {e.name: e for e in scan_repository(self.repository)}
+        entries = {e.name: e for e in scan_repositories(self.repositories)[0]}
         for name in [n for n in self._fingerprints if n not in entries]:
             del self._fingerprints[name]
             log.info("model '%s' left the repository: unloading it", name)

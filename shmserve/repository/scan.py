@@ -1,12 +1,15 @@
-"""What a model repository holds: model directories, their version directories, and which
+"""What model repositories hold: model directories, their version directories, and which
 versions a version policy selects."""
 
+import logging
 import os
 from dataclasses import dataclass
 
 from shmserve.proto import ModelVersionPolicy
 
 CONFIG_FILE = "config.pbtxt"
+
+log = logging.getLogger("shmserve.repository")
 
 
 @dataclass(slots=True)
@@ -30,6 +33,38 @@ def scan_repository(root: str) -> list[ModelEntry]:
                 entries.append(ModelEntry(child.name, child.path, versions))
     entries.sort(key=lambda entry: entry.name)
     return entries
+
+
+def scan_repositories(roots: list[str]) -> tuple[list[ModelEntry], list[str]]:
+    """(the models of every repository by name, the names found in more than one). As in
+    Triton, a model in more than one repository is not available at all, and the log says
+    so."""
+    found: dict[str, list[ModelEntry]] = {}
+    for root in roots:
+        for entry in scan_repository(root):
+            found.setdefault(entry.name, []).append(entry)
+    entries, several = [], []
+    for name, same in sorted(found.items()):
+        if len(same) == 1:
+            entries.append(same[0])
+        else:
+            log.error(not_unique(name))
+            several.append(name)
+    return entries, several
+
+
+def find_model(roots: list[str], name: str) -> str | None:
+    """The directory of model `name` in the repositories; None when no repository has it, or
+    more than one does (which the log says, as Triton's)."""
+    paths = [os.path.join(root, name) for root in roots
+             if os.path.isdir(os.path.join(root, name))]
+    if len(paths) > 1:
+        log.error(not_unique(name))
+    return paths[0] if len(paths) == 1 else None
+
+
+def not_unique(name: str) -> str:
+    return f"failed to poll model '{name}': not unique across all model repositories"
 
 
 def version_dirs(model_dir: str) -> list[int]:

@@ -364,6 +364,57 @@ def test_poll_mode_follows_the_repository(tmp_path):
         stop_server(server)
 
 
+def test_several_repositories_serve_together_and_a_model_in_two_serves_from_neither(tmp_path):
+    first, second = str(tmp_path / "a"), str(tmp_path / "b")
+    add_model(first, "scale", factor=2.0)
+    add_model(second, "other", factor=3.0)
+    add_model(first, "twice")
+    add_model(second, "twice")
+    log = str(tmp_path / "poll.log")
+    server = start_server(first, log, f"--model-repository={second}",
+                          "--model-control-mode=poll", "--repository-poll-secs=1",
+                          "--exit-on-error=false", wait_models=("scale", "other"))
+    try:
+        http = httpclient.InferenceServerClient(server.http_url)
+        assert infer(http, "scale")[0].tolist() == [2.0, 4.0]
+        assert infer(http, "other")[0].tolist() == [3.0, 6.0]
+        assert not http.is_model_ready("twice")
+        assert {name for name, _ in index(http)} >= {"scale", "other", "twice"}
+        message = "failed to poll model 'twice': not unique across all model repositories"
+        assert message in server.log()
+        # A copy of a loaded model appears in the other repository: it is unloaded, as in
+        # Triton; once the copy is gone, it loads again.
+        add_model(second, "scale", factor=5.0)
+        wait_until(lambda: index(http).get(("scale", "1")) == ("UNAVAILABLE", "unloaded"),
+                   what="scale unloaded")
+        shutil.rmtree(os.path.join(second, "scale"))
+        wait_until(lambda: http.is_model_ready("scale"), what="scale back")
+        assert infer(http, "scale")[0].tolist() == [2.0, 4.0]
+        http.close()
+    finally:
+        stop_server(server)
+
+
+def test_loading_a_model_found_in_two_repositories_fails_as_in_triton(tmp_path):
+    first, second = str(tmp_path / "a"), str(tmp_path / "b")
+    add_model(first, "twice")
+    add_model(second, "twice")
+    add_model(second, "other")
+    server = start_server(first, str(tmp_path / "explicit.log"), f"--model-repository={second}",
+                          "--model-control-mode=explicit")
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+            with pytest.raises(InferenceServerException) as info:
+                grpc.load_model("twice")
+            assert "failed to load 'twice', failed to poll from model repository" in \
+                info.value.message()
+            grpc.load_model("other")  # from the second repository
+            assert infer(grpc, "other")[0].tolist() == [2.0, 4.0]
+        assert "'twice': not unique across all model repositories" in server.log()
+    finally:
+        stop_server(server)
+
+
 PIPELINE_CONFIG = '''
 name: "pipeline"
 platform: "ensemble"

@@ -301,6 +301,20 @@ def test_a_model_that_fails_at_startup_stops_the_server_as_in_triton(test_reposi
     assert "fault_init_raises" in log or "'no_such_model', failed to poll" in log
 
 
+def test_a_model_in_two_repositories_at_startup_stops_the_server_as_in_triton(test_repository,
+                                                                             tmp_path):
+    other = tmp_path / "other_repository"
+    other.mkdir()
+    os.symlink(os.path.join(test_repository, "add_sub"), other / "add_sub")
+    code, log = _start_and_wait_for_exit(
+        ["--model-repository", test_repository, "--model-repository", str(other),
+         "--model-control-mode=explicit", "--load-model=add_sub"],
+        str(tmp_path / "shmserve.log"))
+    assert code == 1, log
+    assert "failed to poll model 'add_sub': not unique across all model repositories" in log
+    assert "failed to load all models" in log
+
+
 def test_exit_on_error_false_serves_the_models_that_loaded(test_repository, tmp_path):
     server = start_server(test_repository, str(tmp_path / "shmserve.log"),
                           "--model-control-mode=explicit", "--load-model=fault_init_raises",

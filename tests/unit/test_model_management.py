@@ -95,7 +95,7 @@ def test_a_failed_reload_keeps_the_serving_version():
 
 
 class _Loader:
-    repository = "/nonexistent"
+    repositories = ["/nonexistent"]
 
 
 @pytest.mark.parametrize("mode", ["none", "poll"])

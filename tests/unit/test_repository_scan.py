@@ -64,3 +64,23 @@ def policy(text: str):
 ])
 def test_select_versions(text, available, expected):
     assert select_versions(policy(text), available) == expected
+
+
+def test_several_repositories_serve_together_and_a_name_in_two_is_in_none(tmp_path, caplog):
+    from shmserve.repository.scan import find_model, scan_repositories
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    make_model(first, "only_a", ["1"])
+    make_model(second, "only_b", ["1"])
+    make_model(first, "twice", ["1"])
+    make_model(second, "twice", ["2"])
+    roots = [str(first), str(second)]
+    entries, several = scan_repositories(roots)
+    assert entries == [ModelEntry("only_a", str(first / "only_a"), [1]),
+                       ModelEntry("only_b", str(second / "only_b"), [1])]
+    assert several == ["twice"]
+    assert "failed to poll model 'twice': not unique across all model repositories" in caplog.text
+    assert find_model(roots, "only_b") == str(second / "only_b")
+    assert find_model(roots, "twice") is None
+    assert find_model(roots, "nowhere") is None
