@@ -26,8 +26,7 @@ from shmserve.tracing import settings_from_flags
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
     "allow-sagemaker", "sagemaker-port",
-    "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port",
-    "grpc-infer-response-compression-level", "model-namespacing",
+    "sagemaker-safe-port-range", "allow-vertex-ai", "vertex-ai-port", "model-namespacing",
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
 # and response pools, the Python backend's stub and shared-memory sizing, repository agents,
@@ -190,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-connection-age-grace", type=_non_negative_int, default=0,
                    metavar="MS", help="then close it this much later if calls are still "
                                       "open (0: once they end)")
+    p.add_argument("--grpc-infer-response-compression-level",
+                   choices=("none", "low", "medium", "high"), default="none",
+                   help="compress what the gRPC endpoint sends with an algorithm the client "
+                        "accepts, as gRPC servers choose it: low gzip, medium and high "
+                        "deflate when both are accepted (default none)")
     p.add_argument("--rate-limit", choices=("off", "execution_count"), default="off",
                    help="execution_count: instances whose instance_group lists rate_limiter "
                         "resources run only while those resources are free")
@@ -341,6 +345,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_keepalive_time_ms=args.grpc_keepalive_time,
         grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
         grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         grpc_tls=grpc_tls,

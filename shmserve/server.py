@@ -88,6 +88,8 @@ class Options:
     # GOAWAY to connections older than this (ms; 0: no limit), closed after the grace.
     grpc_max_connection_age_ms: int = 0
     grpc_max_connection_age_grace_ms: int = 0
+    # How much the messages the server sends are compressed: none, low, medium, high.
+    grpc_infer_response_compression_level: str = "none"
     grpc_tls: Optional[TlsSettings] = None  # TLS for gRPC (--grpc-use-ssl[-mutual])
     # --rate-limit=execution_count, and the --rate-limit-resource (name, count, device or None)
     rate_limit: bool = False
@@ -198,7 +200,8 @@ class Server:
                 (opts.grpc_keepalive_time_ms / 1000, opts.grpc_keepalive_timeout_ms / 1000,
                  opts.grpc_keepalive_permit_without_calls),
                 (opts.grpc_max_connection_age_ms / 1000,
-                 opts.grpc_max_connection_age_grace_ms / 1000))
+                 opts.grpc_max_connection_age_grace_ms / 1000),
+                opts.grpc_infer_response_compression_level)
             await self._grpc.start(opts.grpc_address, opts.grpc_port,
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:

@@ -478,11 +478,13 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  header_pattern=None, restrictions: dict | None = None,
                  keepalive: tuple = (transport.KEEPALIVE_TIME_S, transport.KEEPALIVE_TIMEOUT_S,
                                      False),
-                 connection_age: tuple = (0.0, 0.0)) -> GrpcServer:
+                 connection_age: tuple = (0.0, 0.0),
+                 response_compression: str = "none") -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's
     (restricted_api.parse_restrictions); `keepalive`: (time s, timeout s, without calls);
-    `connection_age`: (max age s, grace s), 0 for no limit."""
+    `connection_age`: (max age s, grace s), 0 for no limit; `response_compression`:
+    --grpc-infer-response-compression-level."""
     restrictions = restrictions or {}
     return GrpcServer({
         **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream,
@@ -490,4 +492,4 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
         **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane), restrictions),
     }, max_message_size, keepalive_time=keepalive[0], keepalive_timeout=keepalive[1],
         keepalive_without_calls=keepalive[2], max_connection_age=connection_age[0],
-        max_connection_age_grace=connection_age[1])
+        max_connection_age_grace=connection_age[1], response_compression=response_compression)

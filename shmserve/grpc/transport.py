@@ -58,6 +58,12 @@ _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding"
                        b"grpc-accept-encoding", b"user-agent"))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _WBITS = {b"gzip": 31, b"deflate": 15}
+# --grpc-infer-response-compression-level. As gRPC's servers (which Triton's is) choose: of
+# the algorithms the client accepts, ranked gzip then deflate, low takes the first, medium
+# the middle one and high the last.
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+_RANKED = (b"gzip", b"deflate")
+_ENCODED_HEADERS = {name: _RESPONSE_HEADERS + ((b"grpc-encoding", name),) for name in _RANKED}
 
 
 class RpcError(Exception):
@@ -86,17 +92,18 @@ class _Call:
     """One RPC: what its handler sees as `context`, and as the request iterator of a
     streaming method."""
 
-    __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "buffer", "messages",
-                 "remote_ended", "waiter", "unacked", "task", "deadline", "expired",
-                 "headers_sent", "finished")
+    __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "response_encoding",
+                 "buffer", "messages", "remote_ended", "waiter", "unacked", "task", "deadline",
+                 "expired", "headers_sent", "finished")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, headers: list,
-                 encoding: bytes | None):
+                 encoding: bytes | None, response_encoding: bytes | None = None):
         self.conn = conn
         self.stream_id = stream_id
         self.method = method
         self.headers = headers
-        self.encoding = encoding
+        self.encoding = encoding  # of the client's messages
+        self.response_encoding = response_encoding  # of ours, None: not compressed
         self.buffer = bytearray()
         self.messages: list = []  # complete messages the handler has not taken yet
         self.remote_ended = False
@@ -219,7 +226,7 @@ class _Connection(asyncio.Protocol):
     # What the client did (http2.ServerConnection's listener)
     def on_request(self, sid: int, headers: list) -> None:
         path = encoding = timeout = None
-        content_type = b""
+        content_type = accepted = b""
         for key, value in headers:
             if key == b":path":
                 path = value
@@ -229,6 +236,8 @@ class _Connection(asyncio.Protocol):
                 encoding = value
             elif key == b"grpc-timeout":
                 timeout = value
+            elif key == b"grpc-accept-encoding":
+                accepted = value
         method = self.server.methods.get(path)
         if not content_type.startswith(b"application/grpc"):
             self._refuse(sid, UNKNOWN, "content-type must be application/grpc", b"415")
@@ -246,7 +255,9 @@ class _Connection(asyncio.Protocol):
         if self.server.stopping:
             self._refuse(sid, UNAVAILABLE, "the server is shutting down")
             return
-        call = _Call(self, sid, method, headers, encoding)
+        level = self.server.response_compression
+        call = _Call(self, sid, method, headers, encoding,
+                     response_encoding(level, accepted) if level else None)
         self.calls[sid] = call
         if timeout is not None:
             seconds = _timeout_seconds(timeout)
@@ -477,13 +488,19 @@ class _Connection(asyncio.Protocol):
         conn = self.http2
         sid = call.stream_id
         if not call.headers_sent:
-            conn.send_headers(sid, _RESPONSE_HEADERS)
+            conn.send_headers(sid, _ENCODED_HEADERS[call.response_encoding]
+                              if call.response_encoding else _RESPONSE_HEADERS)
             call.headers_sent = True
         if self._paused is not None and not self._paused.done():
             await self._paused  # the socket is not keeping up: the handler waits
             if call.finished:  # the client went away meanwhile
                 raise asyncio.CancelledError
-        prefix = b"\0" + len(data).to_bytes(4, "big")
+        flag = b"\0"
+        if call.response_encoding:
+            packed = _compress(data, call.response_encoding)
+            if len(packed) < len(data):  # else it goes as it is, as gRPC's do
+                data, flag = packed, b"\1"
+        prefix = flag + len(data).to_bytes(4, "big")
         if len(data) + 5 <= min(conn.send_window(sid), conn.max_outbound_frame_size):
             conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
             self.flush_soon()
@@ -572,12 +589,15 @@ class GrpcServer:
                  keepalive_time: float = KEEPALIVE_TIME_S,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
                  keepalive_without_calls: bool = False, max_connection_age: float = 0.0,
-                 max_connection_age_grace: float = 0.0):
+                 max_connection_age_grace: float = 0.0, response_compression: str = "none"):
         """Keepalive (seconds; a time of 0 sends no PINGs): gRPC's server settings, with
         Triton's defaults. A connection older than `max_connection_age` seconds (0: no
         limit) is sent GOAWAY, and closed `max_connection_age_grace` seconds later if calls
-        are still open (0: once they end)."""
+        are still open (0: once they end). `response_compression`: one of
+        COMPRESSION_LEVELS, for the messages the server sends."""
         self.methods = {path.encode(): method for path, method in methods.items()}
+        # 0 for none, else the level's index.
+        self.response_compression = COMPRESSION_LEVELS.index(response_compression)
         self.max_message_size = max_message_size
         self.handshake_timeout = handshake_timeout
         self.keepalive_time = keepalive_time
@@ -625,6 +645,21 @@ class GrpcServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+
+def response_encoding(level: int, accepted: bytes) -> bytes | None:
+    """The algorithm for the messages of a call whose client accepts `accepted` (its
+    grpc-accept-encoding), at a COMPRESSION_LEVELS index; None: none."""
+    names = {name.strip() for name in accepted.split(b",")}
+    ranked = [name for name in _RANKED if name in names]
+    if not level or not ranked:
+        return None
+    return ranked[(0, 0, len(ranked) // 2, -1)[level]]
+
+
+def _compress(data, encoding: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=_WBITS[encoding])
+    return packer.compress(data) + packer.flush()
 
 
 def _timeout_seconds(value: bytes) -> float | None:

@@ -175,6 +175,31 @@ def test_a_client_answers_the_servers_keepalive_pings(test_repository, tmp_path)
         stop_server(server)
 
 
+def test_tritonclient_reads_compressed_responses(test_repository, tmp_path):
+    """--grpc-infer-response-compression-level: grpcio's client accepts gzip and deflate, so
+    its answers come compressed (tests/unit/test_grpc_transport.py looks at the bytes), and
+    read as before, unary and streamed."""
+    server = start_server(test_repository, str(tmp_path / "s.log"),
+                          "--model-control-mode=explicit", "--load-model=add_sub",
+                          "--load-model=repeat", "--grpc-infer-response-compression-level=high",
+                          wait_models=("add_sub", "repeat"))
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            _assert_add_sub(client)
+            assert client.get_model_metadata("add_sub").name == "add_sub"
+            answers = []
+            client.start_stream(callback=lambda result, error: answers.append((result, error)))
+            values = np.arange(40, dtype=np.int32)
+            tensor = grpcclient.InferInput("IN", [40], "INT32")
+            tensor.set_data_from_numpy(values)
+            client.async_stream_infer("repeat", [tensor])
+            client.stop_stream()
+        assert [error for _, error in answers] == [None] * 40
+        assert [int(result.as_numpy("OUT")[0]) for result, _ in answers] == values.tolist()
+    finally:
+        stop_server(server)
+
+
 def test_calls_from_many_threads_at_once(clients):
     errors = []
 

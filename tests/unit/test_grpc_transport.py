@@ -3,6 +3,7 @@
 import asyncio
 import os
 import urllib.parse
+import zlib
 
 import h2.config
 import h2.connection
@@ -72,12 +73,14 @@ async def _echo_stream(requests, call):
         yield bytes(request)
 
 
-def _exchange(streams: list, junk: bytes = b"") -> tuple:
+def _exchange(streams: list, junk: bytes = b"", response_compression: str = "none") -> tuple:
     """Sends `streams` ([(path, headers, body)]) on one connection, then `junk`; returns
-    ({stream id: response headers and trailers}, whether the server closed)."""
+    ({stream id: response headers and trailers, and "data": the DATA it got}, whether the
+    server closed)."""
     async def main():
         server = GrpcServer({ECHO: Method(_echo, None, bytes, False),
-                             STREAM: Method(_echo_stream, None, bytes, True)}, 1 << 16)
+                             STREAM: Method(_echo_stream, None, bytes, True)}, 1 << 16,
+                            response_compression=response_compression)
         sock = _Socket()
         conn = transport._Connection(server)
         conn.connection_made(sock)
@@ -93,7 +96,7 @@ def _exchange(streams: list, junk: bytes = b"") -> tuple:
                                       ("content-type", "application/grpc"), *headers])
             client.send_data(sid, body, end_stream=True)
         conn.data_received(client.data_to_send() + junk)
-        answers = {sid: {} for sid in ids}
+        answers = {sid: {"data": b""} for sid in ids}
         for _ in range(50):  # the handlers run; what they write is read by the client
             await asyncio.sleep(0)
             conn.flush()
@@ -107,6 +110,8 @@ def _exchange(streams: list, junk: bytes = b"") -> tuple:
                     if isinstance(event, (h2.events.ResponseReceived,
                                           h2.events.TrailersReceived)):
                         answers[event.stream_id].update(event.headers)
+                    elif isinstance(event, h2.events.DataReceived):
+                        answers[event.stream_id]["data"] += event.data
             if sock.closed:
                 break
         conn.connection_lost(None)
@@ -151,6 +156,38 @@ def test_a_well_formed_call_is_echoed():
     body = b"\0\0\0\0\5hello"
     answers, closed = _exchange([(ECHO, [], body), (STREAM, [], body * 3)])
     assert [a["grpc-status"] for a in answers.values()] == ["0", "0"]
+
+
+@pytest.mark.parametrize("level, accepted, chosen", [
+    # As gRPC servers choose, from the client's grpc-accept-encoding: gzip then deflate.
+    ("low", "identity,deflate,gzip", "gzip"), ("medium", "identity,deflate,gzip", "deflate"),
+    ("high", "identity,deflate,gzip", "deflate"), ("high", "gzip", "gzip"),
+    ("low", "deflate", "deflate"), ("high", "identity", None), ("high", None, None),
+    ("none", "identity,deflate,gzip", None)])
+def test_responses_are_compressed_at_the_level_asked_for(level, accepted, chosen):
+    message = b"compress me " * 50
+    body = b"\0" + len(message).to_bytes(4, "big") + message
+    headers = [] if accepted is None else [("grpc-accept-encoding", accepted)]
+    answers, _ = _exchange([(ECHO, headers, body)], response_compression=level)
+    (answer,) = answers.values()
+    assert answer["grpc-status"] == "0"
+    assert answer.get("grpc-encoding") == chosen
+    data = answer["data"]
+    assert int.from_bytes(data[1:5], "big") == len(data) - 5
+    if chosen is None:
+        assert data == body
+    else:
+        assert data[0] == 1 and len(data) < len(body)
+        wbits = 31 if chosen == "gzip" else 15
+        assert zlib.decompress(data[5:], wbits) == message
+
+
+def test_a_message_that_compression_would_grow_goes_as_it_is():
+    body = b"\0\0\0\0\3abc"
+    answers, _ = _exchange([(ECHO, [("grpc-accept-encoding", "gzip")], body)],
+                           response_compression="low")
+    (answer,) = answers.values()
+    assert answer["grpc-encoding"] == "gzip" and answer["data"] == body  # flag 0: as it is
 
 
 @TRANSPORT_FUZZ
