@@ -80,7 +80,10 @@ class ServerCalls:
             except DecoupledModel:
                 raise ServerError(Code.INVALID_ARG,
                                   _DECOUPLED_ONLY.format(request.model_name)) from None
-            worker.reply(messages.ServerReply(call_id, True, _frame(response)))
+            try:
+                worker.reply(messages.ServerReply(call_id, True, _frame(response)))
+            finally:
+                response.done()
             return
         async with contextlib.aclosing(self.dp.stream(request)) as responses:
             async for item in responses:
@@ -90,7 +93,12 @@ class ServerCalls:
                     frame = _frame(item.response)
                 else:
                     frame = None
-                if not worker.reply(messages.ServerReply(call_id, item.final, frame)):
+                try:
+                    sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
+                finally:
+                    if item.response is not None:
+                        item.response.done()
+                if not sent:
                     return  # the caller is gone: leaving the iteration cancels the request
 
 
@@ -125,12 +133,10 @@ def _infer_request(args: dict) -> InferRequest:
 
 
 def _frame(response: InferResponse) -> messages.ResponseFrame:
-    """The response with its outputs copied inline; its slots are given back."""
-    try:
-        outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), bytes(o.data))
-                   for o in response.outputs]
-    finally:
-        response.done()
+    """The response with its outputs inline: views of its slots, which the caller gives
+    back (response.done()) once the frame is written, the one copy of their bytes."""
+    outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), o.data)
+               for o in response.outputs]
     return messages.ResponseFrame(None, outputs, response.parameters)
 
 

@@ -122,8 +122,11 @@ class SyncChannel:
         header, body = codec.encode(message)
         with self._send_lock:
             sent = self._sock.sendmsg((header, body))
-            if sent < len(header) + len(body):  # rare: the socket buffer was full
-                self._sock.sendall((header + body)[sent:])
+            if sent < len(header) + len(body):  # the socket buffer was full: a large frame
+                if sent < len(header):
+                    self._sock.sendall(header[sent:])
+                    sent = len(header)
+                self._sock.sendall(memoryview(body)[sent - len(header):])
 
     def close(self) -> None:
         self._sock.close()

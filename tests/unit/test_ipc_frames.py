@@ -55,6 +55,23 @@ def test_splitter_handles_every_split_point():
         assert [codec.decode_body(b) for b in bodies] == SAMPLES
 
 
+BIG = messages.Execute(4, bytes(range(256)) * (codec.LARGE_BODY // 256 + 1), [])
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, 65536, codec.LARGE_BODY + 3, 10 * codec.LARGE_BODY])
+def test_a_large_body_is_filled_in_place_whatever_the_chunks(chunk):
+    sent = [SAMPLES[3], BIG, SAMPLES[4], BIG, SAMPLES[2]]
+    stream = b"".join(b"".join(codec.encode(m)) for m in sent)
+    if chunk == 7:  # small chunks through the first large body only: enough, and quick
+        sent = sent[:2]
+        stream = stream[:sum(len(b"".join(codec.encode(m))) for m in sent)]
+    splitter = codec.FrameSplitter()
+    bodies = []
+    for start in range(0, len(stream), chunk):
+        bodies += splitter.feed(stream[start:start + chunk])
+    assert [codec.decode_body(b) for b in bodies] == sent
+
+
 def test_byte_at_a_time():
     stream = b"".join(codec.encode(SAMPLES[3]))
     splitter = codec.FrameSplitter()
@@ -90,3 +107,44 @@ def test_sync_channel_over_a_socketpair():
         assert right.recv() is None
     finally:
         right.close()
+
+
+def test_large_frames_cross_both_channel_ends_whole():
+    """Frames around large bodies, from the worker's end to the front's (on uvloop, as in the
+    server) and back: each arrives whole and in order."""
+    import asyncio
+
+    import uvloop
+
+    from shmserve.ipc.channel import AsyncChannel
+
+    sent = [SAMPLES[3], BIG, SAMPLES[4], BIG, SAMPLES[2]]
+
+    async def main():
+        front, worker = socket.socketpair()
+        got, closed = [], []
+        loop = asyncio.get_running_loop()
+        complete = loop.create_future()
+
+        def on_message(message):
+            got.append(message)
+            if len(got) == len(sent) and not complete.done():
+                complete.set_result(None)
+
+        _, channel = await loop.create_unix_connection(
+            lambda: AsyncChannel(on_message, closed.append), sock=front)
+        worker_end = SyncChannel(worker)
+        sender = threading.Thread(target=lambda: [worker_end.send(m) for m in sent])
+        sender.start()
+        await asyncio.wait_for(complete, 30)
+        sender.join()
+        for message in sent:  # and back
+            channel.send(message)
+        back = await asyncio.to_thread(lambda: [worker_end.recv() for _ in sent])
+        channel.close()
+        worker_end.close()
+        return got, back, closed
+
+    got, back, closed = uvloop.run(main())
+    assert got == sent and back == sent
+    assert not [c for c in closed if c is not None]
