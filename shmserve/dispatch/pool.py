@@ -43,7 +43,7 @@ class InstancePool:
         self._max_depth = {i: 1 if limiter is not None and limiter.limits(i) else depth
                            for i in self.instances}
         self._depth = {i: d if pipeline_below_us else 1 for i, d in self._max_depth.items()}
-        self._batch_ns = dict.fromkeys(self.instances, 0)  # a moving average
+        self._batch_ns = dict.fromkeys(self.instances, 0)  # estimates of their batches' length
         self._load = dict.fromkeys(self.instances, 0)
         self._waiters: collections.deque = collections.deque()
         self._listeners: list = []
@@ -136,9 +136,13 @@ class InstancePool:
 
     def _note_batch_length(self, inst, timings) -> None:
         length = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
-        # Half the weight to the latest, so that one odd batch does not flip the choice.
-        average = self._batch_ns[inst] = (self._batch_ns[inst] + length) // 2
-        pipelines = average < self._pipeline_below_ns
+        # Falls to a shorter batch at once, rises by an eighth of a longer one: the lengths
+        # are wall time in the worker, which a busy machine stretches now and then (a worker
+        # that loses its core mid-batch), but never shortens.
+        estimate = self._batch_ns[inst]
+        estimate = length if length < estimate else estimate + (length - estimate) // 8
+        self._batch_ns[inst] = estimate
+        pipelines = estimate < self._pipeline_below_ns
         self._depth[inst] = self._max_depth[inst] if pipelines else 1
 
     def resources_freed(self) -> None:

@@ -310,7 +310,9 @@ def test_only_an_instance_with_short_batches_is_sent_the_next_while_it_runs_one(
     async def second_while_held(s, pipelined: bool):
         held = s.send(delay=0.0, parameters={"hold_until": s._gate})
         await asyncio.sleep(0.1)  # running, and waiting for the file
-        second = s.send()
+        # In the first round the second batch is long too (50 ms), so that what the
+        # instance knows afterwards is long batches only.
+        second = s.send(delay=0.05) if pipelined else s.send()
         if pipelined:
             await asyncio.sleep(0.2)
             assert await asyncio.to_thread(pending_requests, s.server, s.model) == 0
@@ -322,7 +324,7 @@ def test_only_an_instance_with_short_batches_is_sent_the_next_while_it_runs_one(
     try:
         # A fresh instance: nothing known, so the second goes behind the first at once.
         first, second = run(srv, "http", "batch_recorder", lambda s: second_while_held(s, True))
-        # That held batch took over 100 ms: from now on, one batch at a time.
+        # Those batches took over 50 ms each: from now on, one batch at a time.
         third, fourth = run(srv, "http", "batch_recorder", lambda s: second_while_held(s, False))
     finally:
         stop_server(srv)
