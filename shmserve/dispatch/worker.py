@@ -651,11 +651,11 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
         output_regions = {name: (s.region.region_id, s.offset, s.nbytes)
                           for name, s in req.output_regions.items()}
         trace = req.trace
+        trace_id, trace_context = (0, "") if trace is None else (trace.id, trace.context)
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
-                                            *((trace.id, trace.context) if trace is not None
-                                              else (0, ""))))
+                                            trace_id, trace_context))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []
