@@ -788,12 +788,16 @@ def _classifications(request: InferRequest) -> dict | None:
 def _response(request: InferRequest, mv, work) -> InferResponse:
     sig = mv.signature
     outputs = []
+    arena = work.arena
     for o in work.outputs:
         shape = o.shape
         spec = sig.outputs.get(o.name)
         if spec is not None and spec.reshape is not None and -1 not in spec.dims:
             shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
-        outputs.append(OutputTensor(o.name, o.datatype, shape, o.data))
+        place = None
+        if o.offset >= 0 and arena is not None:
+            place = RegionSlice(arena, o.offset, len(o.data))
+        outputs.append(OutputTensor(o.name, o.datatype, shape, o.data, place=place))
     classes = _classifications(request) if request.outputs else None
     if classes:
         outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))

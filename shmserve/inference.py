@@ -60,6 +60,10 @@ class OutputTensor:
     shape: list[int]
     data: memoryview | bytes
     parameters: Parameters = field(default_factory=dict)
+    # Where `data` lies in a model instance's output arena (a shared_memory.RegionSlice), for
+    # a reader in another process that maps it rather than have it copied (a BLS caller);
+    # None when it lies elsewhere. Valid until the response is done().
+    place: Any = None
 
 
 @dataclass(slots=True)

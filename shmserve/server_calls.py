@@ -4,13 +4,18 @@
 
 Each call arrives as a ServerCall frame and runs as a task of the front, as a client's request
 would: the same dataplane, scheduling, statistics and errors. Its answers go back to the
-calling worker as ServerReply frames. Tensors travel inline in both directions, copied once
-each way through the front; BLS composes models inside the server, and keeping its tensors in
-frames keeps the frame protocol simple (the zero-copy path is the client's).
+calling worker as ServerReply frames.
+
+Large tensors never pass through the front (see ipc/messages.py): an input the caller wrote
+into its BLS arena reaches the target as a RegionSlice of that arena, read in place, and an
+output in the target's output arena goes back as a reference the caller maps and copies out.
+Such a response is leased to the caller until it says "release" (or dies): its slots are not
+reused before that.
 """
 
 import asyncio
 import contextlib
+from collections import deque
 
 from shmserve.dataplane import SEQUENCE_END, SEQUENCE_START, DecoupledModel
 from shmserve.errors import Code, ServerError
@@ -24,6 +29,9 @@ class ServerCalls:
     def __init__(self, dataplane):
         self.dp = dataplane
         self._tasks: dict = {}  # (worker id, call id) -> task
+        # (worker id, call id) -> responses whose outputs the caller has yet to copy out, in
+        # the order of their replies (the caller releases them in that order).
+        self._leases: dict = {}
 
     def __call__(self, worker, call: messages.ServerCall) -> None:
         key = (id(worker), call.call_id)
@@ -32,15 +40,25 @@ class ServerCalls:
             if task is not None:
                 task.cancel()
             return
+        if call.kind == "release":
+            leased = self._leases.get(key)
+            if leased:
+                leased.popleft().done()
+                if not leased:
+                    del self._leases[key]
+            return
         task = asyncio.get_running_loop().create_task(self._serve(worker, call))
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 
     def cancel_all_of(self, worker) -> None:
-        """The worker is gone: nobody waits for its calls' answers."""
+        """The worker is gone: nobody waits for its calls' answers, nor copies out any more."""
         for (owner, _), task in list(self._tasks.items()):
             if owner == id(worker):
                 task.cancel()
+        for key in [key for key in self._leases if key[0] == id(worker)]:
+            for response in self._leases.pop(key):
+                response.done()
 
     async def _serve(self, worker, call: messages.ServerCall) -> None:
         args = call.args
@@ -70,7 +88,7 @@ class ServerCalls:
                                       f"malformed {call.kind} call: {exc}"))
 
     async def _infer(self, worker, call_id: int, args: dict) -> None:
-        request = _infer_request(args)
+        request = _infer_request(args, worker)
         caller = self.dp.tracer.in_progress(args.get("trace") or 0)
         if caller is not None:
             request.trace = self.dp.tracer.child(caller)
@@ -80,26 +98,46 @@ class ServerCalls:
             except DecoupledModel:
                 raise ServerError(Code.INVALID_ARG,
                                   _DECOUPLED_ONLY.format(request.model_name)) from None
-            try:
-                worker.reply(messages.ServerReply(call_id, True, _frame(response)))
-            finally:
-                response.done()
+            self._reply(worker, call_id, True, response)
             return
         async with contextlib.aclosing(self.dp.stream(request)) as responses:
             async for item in responses:
-                if item.error is not None:
-                    frame = messages.ResponseFrame([item.error.code.name, item.error.message], [])
-                elif item.response is not None:
-                    frame = _frame(item.response)
+                if item.response is not None:
+                    sent = self._reply(worker, call_id, item.final, item.response)
                 else:
                     frame = None
-                try:
+                    if item.error is not None:
+                        frame = messages.ResponseFrame(
+                            [item.error.code.name, item.error.message], [])
                     sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
-                finally:
-                    if item.response is not None:
-                        item.response.done()
                 if not sent:
                     return  # the caller is gone: leaving the iteration cancels the request
+
+    def _reply(self, worker, call_id: int, final: bool, response: InferResponse) -> bool:
+        """Send a response; it is done() once the caller no longer needs its outputs."""
+        leased = sent = False
+        try:
+            outputs = []
+            for o in response.outputs:
+                place = o.place
+                if place is not None and worker.alive:
+                    try:
+                        worker.map_region(place.region)
+                    except ConnectionError:
+                        return False
+                    location = [place.region.region_id, place.offset, place.nbytes]
+                    leased = True
+                else:
+                    location = o.data  # the one copy of these bytes: into the frame
+                outputs.append(messages.TensorRef(o.name, o.datatype, list(o.shape), location))
+            frame = messages.ResponseFrame(None, outputs, response.parameters)
+            sent = worker.reply(messages.ServerReply(call_id, final, frame))
+            if sent and leased:
+                self._leases.setdefault((id(worker), call_id), deque()).append(response)
+            return sent
+        finally:
+            if not (sent and leased):
+                response.done()
 
 
 _DECOUPLED_ONLY = ("Model {} is using the decoupled. The current BLS request call doesn't "
@@ -108,7 +146,7 @@ _DECOUPLED_ONLY = ("Model {} is using the decoupled. The current BLS request cal
                    "decoupled models.")
 
 
-def _infer_request(args: dict) -> InferRequest:
+def _infer_request(args: dict, worker) -> InferRequest:
     version = args.get("version", -1)
     params = dict(args.get("parameters") or {})
     correlation_id = args.get("correlation_id", 0)
@@ -126,18 +164,11 @@ def _infer_request(args: dict) -> InferRequest:
         model_version="" if version is None or version < 0 else str(version),
         id=args.get("id", ""),
         parameters=params,
-        inputs=[InputTensor(name, datatype, list(shape), data)
+        inputs=[InputTensor(name, datatype, list(shape),
+                            worker.bls_slice(*data) if type(data) is list else data)
                 for name, datatype, shape, data in args["inputs"]],
         outputs=[RequestedOutput(name) for name in args.get("outputs") or ()],
         bls=True)
-
-
-def _frame(response: InferResponse) -> messages.ResponseFrame:
-    """The response with its outputs inline: views of its slots, which the caller gives
-    back (response.done()) once the frame is written, the one copy of their bytes."""
-    outputs = [messages.TensorRef(o.name, o.datatype, list(o.shape), o.data)
-               for o in response.outputs]
-    return messages.ResponseFrame(None, outputs, response.parameters)
 
 
 def _error_reply(call_id: int, code: str, message: str) -> messages.ServerReply:

@@ -82,8 +82,14 @@ def main(argv: list) -> int:
     # From here on the socket is read through the FrameReader: a model may call into the
     # server (BLS) from initialize() on, and from any thread.
     from workers import triton_python_backend_utils as pb_utils
-    from workers.server_calls import FrameReader
-    reader = FrameReader(channel)
+    from workers.regions import ClientRegions, wants_gpu_inputs
+    from workers.server_calls import CallArena, FrameReader
+    regions = ClientRegions(gpu_inputs=init.instance_kind == "GPU"
+                            and wants_gpu_inputs(init.model_config))
+    arena = None
+    if init.bls_arena:
+        arena = CallArena(Segment.attach(init.bls_arena), init.inline_threshold)
+    reader = FrameReader(channel, regions, arena)
     pb_utils._set_server_calls(reader)
     state_arena = None
     try:

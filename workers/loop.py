@@ -34,7 +34,6 @@ from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
-from workers.regions import ClientRegions
 from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
@@ -60,8 +59,8 @@ class WorkerLoop:
         self._output_buf = self._output_arena.buffer
         self._table = RequestTable(Segment.attach(init.request_table), init.wake_fd)
         self._carried = {}  # row -> _RowResponder of a rescheduled request of a decoupled model
-        self._regions = ClientRegions(gpu_inputs=init.instance_kind == "GPU"
-                                      and _wants_gpu_inputs(init.model_config))
+        # Mapped and unmapped by whoever reads the frame saying so (see server_calls.py).
+        self._regions = reader.regions
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
@@ -72,12 +71,6 @@ class WorkerLoop:
                     return  # the front is gone: nothing left to answer
                 if isinstance(msg, messages.Execute):
                     self._execute(msg)
-                elif isinstance(msg, messages.MapSystemRegion):
-                    self._regions.map_system(msg)
-                elif isinstance(msg, messages.MapCudaRegion):
-                    self._regions.map_cuda(msg)
-                elif isinstance(msg, messages.UnmapRegion):
-                    self._regions.unmap(msg.region_id)
                 elif isinstance(msg, messages.Release):
                     with self._output_lock:
                         for offset in msg.offsets:
@@ -98,7 +91,7 @@ class WorkerLoop:
             self._input_arena.close()
             self._output_arena.close()
             self._table.close()
-            self._regions.close()
+            self._reader.close()
 
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
@@ -274,13 +267,6 @@ def _final_only(send, row: int, response, final: bool) -> None:
     """`respond` of a decoupled model's null request: its row frees on the final flag."""
     if final:
         send(row, None, True)
-
-
-def _wants_gpu_inputs(model_config: dict) -> bool:
-    """The Python backend gives a model its inputs in host memory unless its config says
-    FORCE_CPU_ONLY_INPUT_TENSORS: "no"."""
-    parameter = model_config.get("parameters", {}).get("FORCE_CPU_ONLY_INPUT_TENSORS", {})
-    return str(parameter.get("string_value", "yes")).lower() in ("no", "false", "0", "off")
 
 
 def _raw(arr: np.ndarray) -> memoryview:

@@ -58,6 +58,13 @@ class _CudaMapping:
         cuda.close_ipc_handle(self.pointer, self.device_id)
 
 
+def wants_gpu_inputs(model_config: dict) -> bool:
+    """The Python backend gives a model its inputs in host memory unless its config says
+    FORCE_CPU_ONLY_INPUT_TENSORS: "no"."""
+    parameter = model_config.get("parameters", {}).get("FORCE_CPU_ONLY_INPUT_TENSORS", {})
+    return str(parameter.get("string_value", "yes")).lower() in ("no", "false", "0", "off")
+
+
 class ClientRegions:
     def __init__(self, *, gpu_inputs: bool):
         # Whether a CUDA-region input reaches the model as a cupy view (a GPU instance whose

@@ -528,7 +528,8 @@ class InferenceRequest:
         """Run this request on the server (BLS): its InferenceResponse (with the error, if
         it failed), or with `decoupled=True` an iterator of the model's responses, the last
         one empty when the model sent its final flag alone."""
-        replies = _server_call("infer", self._call_args(decoupled))
+        args, blocks = self._call_args(decoupled)
+        replies = _server_call("infer", args, blocks)
         if decoupled:
             return (_bls_response(reply) for reply in replies)
         try:
@@ -543,23 +544,41 @@ class InferenceRequest:
             return _AsyncResponses(response)
         return response
 
-    def _call_args(self, decoupled: bool) -> dict:
+    def _call_args(self, decoupled: bool) -> tuple:
+        """(the call's arguments, the CallArena blocks its inputs took). A decoupled call's
+        inputs go inline: a caller may leave its responses while the target still reads."""
+        arena = None if decoupled or _server_calls is None else _server_calls.arena
         inputs = []
-        for tensor in self._inputs:
-            array = tensor._array
-            if tensor._device_id is not None:
-                array = cuda.to_numpy(array)
-            if tensor._datatype == "BYTES":
-                data = datatypes.serialize_bytes(array.reshape(-1))
-            else:
-                data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-            inputs.append([tensor._name, tensor._datatype, list(array.shape), data])
+        blocks = []
+        try:
+            for tensor in self._inputs:
+                array = tensor._array
+                if tensor._device_id is not None:
+                    array = cuda.to_numpy(array)
+                if tensor._datatype == "BYTES":
+                    data = datatypes.serialize_bytes(array.reshape(-1))
+                    if arena is not None and len(data) > arena.threshold:
+                        offset = arena.put(np.frombuffer(data, np.uint8))
+                        if offset is not None:
+                            blocks.append(offset)
+                            data = [offset, len(data)]
+                elif arena is not None and array.nbytes > arena.threshold \
+                        and (offset := arena.put(array)) is not None:
+                    blocks.append(offset)
+                    data = [offset, array.nbytes]
+                else:
+                    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+                inputs.append([tensor._name, tensor._datatype, list(array.shape), data])
+        except BaseException:
+            if blocks:
+                arena.free(blocks)
+            raise
         return {"model": self._model_name, "version": int(self._model_version),
                 "id": self._request_id, "correlation_id": self._correlation_id,
                 "flags": int(self._flags), "timeout": int(self._timeout),
                 "parameters": self._parameters, "inputs": inputs,
                 "outputs": sorted(self._requested_output_names), "decoupled": bool(decoupled),
-                "trace": getattr(self._trace, "_trace_id", 0)}
+                "trace": getattr(self._trace, "_trace_id", 0)}, blocks
 
 
 class _AsyncResponses:
@@ -606,8 +625,11 @@ def _bls_tensor(ref) -> "Tensor":
         array[:] = datatypes.deserialize_bytes(data, count)
         array = array.reshape(ref.shape)
     else:
-        # A copy the model may write to, as it may write to its own inputs.
-        array = np.frombuffer(bytearray(data), dtype=datatypes.numpy_dtype(ref.datatype))
+        # A copy the model may write to, as it may write to its own inputs (outputs sent by
+        # reference were copied out already).
+        if type(data) is not bytearray:
+            data = bytearray(data)
+        array = np.frombuffer(data, dtype=datatypes.numpy_dtype(ref.datatype))
         array = array.reshape(ref.shape)
     return Tensor._wrap(ref.name, array, ref.datatype)
 
@@ -763,10 +785,10 @@ def _set_server_calls(reader) -> None:
     _server_calls = reader
 
 
-def _server_call(kind: str, args: dict):
+def _server_call(kind: str, args: dict, blocks=()):
     if _server_calls is None:
         raise TritonModelException("calls into the server work only inside a shmserve worker")
-    return _server_calls.call(kind, args)
+    return _server_calls.call(kind, args, blocks)
 
 
 def _control(kind: str, args: dict):

@@ -155,6 +155,10 @@ class WorkerHandle:
         self._output_arena = None
         self._output_buf = None
         self._output_region: Optional[Region] = None
+        # Where the model's large BLS inputs go, and that segment as a region the target
+        # instances map (see server_calls.py).
+        self._bls_arena = None
+        self._bls_region: Optional[Region] = None
         self._state_arena = None
         # Bumped at every start, so that releases meant for a dead process's arena are
         # never sent to its successor, whose slots at those offsets belong to others.
@@ -226,7 +230,7 @@ class WorkerHandle:
             output_arena=self._output_arena.name, request_table=self._table.segment.name,
             inline_threshold=INLINE_THRESHOLD,
             state_arena=self._state_arena.name if self._state_arena is not None else "",
-            wake_fd=self._table.wake_fd))
+            wake_fd=self._table.wake_fd, bls_arena=self._bls_arena.name))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -242,6 +246,8 @@ class WorkerHandle:
         self._output_buf = self._output_arena.buffer
         self._output_region = segment_region(f"{tag} output arena", self._output_arena.name,
                                              ARENA_BYTES)
+        self._bls_arena = new_segment(f"{tag}.bls", ARENA_BYTES)
+        self._bls_region = segment_region(f"{tag} BLS arena", self._bls_arena.name, ARENA_BYTES)
         wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             self._table = RequestTable(new_segment(f"{tag}.req", REQUEST_TABLE_BYTES), wake_fd)
@@ -300,11 +306,24 @@ class WorkerHandle:
         """Tell the worker of the client regions the batch uses that it has not mapped yet."""
         for req in batch:
             for region in req.regions:
-                if region.region_id in self._mapped_regions:
-                    continue
-                self._channel.send(_map_message(region))
-                self._mapped_regions.add(region.region_id)
-                region.mapped_by.add(self)
+                if region.region_id not in self._mapped_regions:
+                    self.map_region(region)
+
+    def map_region(self, region: Region) -> None:
+        """Have the worker map `region` before it reads the next frame, unless it has."""
+        if region.region_id in self._mapped_regions:
+            return
+        self._channel.send(_map_message(region))
+        self._mapped_regions.add(region.region_id)
+        region.mapped_by.add(self)
+
+    def bls_slice(self, offset: int, nbytes: int) -> RegionSlice:
+        """Where a BLS input the model wrote into its BLS arena lies; ValueError when the
+        range leaves the arena."""
+        if self._bls_region is None or offset < 0 or nbytes < 0 \
+                or offset + nbytes > self._bls_region.byte_size:
+            raise ValueError(f"range [{offset}, {offset}+{nbytes}) is outside the BLS arena")
+        return RegionSlice(self._bls_region, offset, nbytes)
 
     def unmap_region(self, region_id: int) -> None:
         """The region is gone and no request uses it any more: the worker unmaps it."""
@@ -386,6 +405,13 @@ class WorkerHandle:
             self._output_arena.close()
             self._output_arena.unlink()
             self._output_arena = None
+        if self._bls_region is not None:
+            self._bls_region.retire_when_unused()
+            self._bls_region = None
+        if self._bls_arena is not None:
+            self._bls_arena.close()
+            self._bls_arena.unlink()
+            self._bls_arena = None
         if self._state_arena is not None:
             self._state_arena.close()
             self._state_arena.unlink()

@@ -24,8 +24,13 @@ decoupled model answers each request with any number of `StreamResponse`s, from 
 at any time, the last one marked final; its batch's `Result` then only ends the execution.
 
 A model's calls into the server (BLS, model control) go the other way: the worker sends a
-`ServerCall` and the front answers with `ServerReply` frames carrying the call's id, tensors
-inline.
+`ServerCall` and the front answers with `ServerReply` frames carrying the call's id. Small BLS
+tensors travel inline. A large input is written by the caller into its BLS arena (a segment
+the front created for it) and travels as `[offset, nbytes]` there, read in place by the target
+instance; the caller frees it after the call's final reply. A large output travels as
+`[region_id, offset, nbytes]` of the target's output arena, which the front has the caller map
+(`MapSystemRegion`) first: the caller copies it out and sends a "release" call with the same
+id, which gives the target's slots back.
 """
 
 from dataclasses import dataclass, field
@@ -78,12 +83,14 @@ class Init:
     # The eventfd (inherited under this number) that wakes a sender waiting for the front to
     # consume responses (see request_table.py); -1 for none.
     wake_fd: int = -1
+    # Where the model's large BLS inputs go (see ServerCall); "" for none.
+    bls_arena: str = ""
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
-                self.state_arena, self.wake_fd]
+                self.state_arena, self.wake_fd, self.bls_arena]
 
     @staticmethod
     def from_wire(w: list) -> "Init":
@@ -316,8 +323,9 @@ class Bye:
 @dataclass(slots=True)
 class ServerCall:
     """A model's call into the server (worker to front), answered by ServerReply frames with
-    its `call_id`. `kind` is "infer" (BLS), "load", "unload", "ready" (model control) or
-    "cancel" (the caller left a call's replies unread: stop it)."""
+    its `call_id`. `kind` is "infer" (BLS), "load", "unload", "ready" (model control),
+    "cancel" (the caller left a call's replies unread: stop it) or "release" (the caller
+    copied out the outputs of the call's oldest reply that had any by reference)."""
 
     call_id: int
     kind: str
@@ -333,9 +341,10 @@ class ServerCall:
 
 @dataclass(slots=True)
 class ServerReply:
-    """One answer to a ServerCall: a BLS response (outputs inline) or a control call's
-    outcome (`response` holds only an error, if any; `value` the answer). The last reply of
-    a call is `final`; a decoupled model's final flag alone comes with `response` None."""
+    """One answer to a ServerCall: a BLS response (outputs inline or by reference) or a
+    control call's outcome (`response` holds only an error, if any; `value` the answer). The
+    last reply of a call is `final`; a decoupled model's final flag alone comes with
+    `response` None."""
 
     call_id: int
     final: bool

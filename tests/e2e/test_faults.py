@@ -498,7 +498,7 @@ def test_no_space_for_arenas_makes_the_model_unavailable(tmp_path_factory, monke
                                 allow_metrics=False, exit_on_error=False))
         await server.start()
         try:
-            assert _segments(me) == 3  # add_sub's input, output and request-table segments
+            assert _segments(me) == 4  # add_sub's input, output, BLS and request-table segments
             rec = server.registry.models["identity_fp32"]
             reason = rec.versions[1].reason
             assert reason == ("cannot start model instance 'identity_fp32_0_0': cannot create its "

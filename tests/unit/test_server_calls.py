@@ -1,17 +1,28 @@
 """The worker's FrameReader (one reader of the socket shared by the frame loop and threads
-waiting for replies to their calls into the server) and the front's translation of a BLS
-call into a request."""
+waiting for replies to their calls into the server), the front's translation of a BLS call
+into a request, and both halves of large BLS tensors going by reference."""
 
+import asyncio
+import mmap
+import os
 import queue
 import threading
+from types import SimpleNamespace
 
+import numpy as np
+import posix_ipc
 import pytest
 
+from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
-from shmserve.server_calls import _infer_request
-from workers.server_calls import FrameReader
+from shmserve.ipc.shm import Segment
+from shmserve.server_calls import ServerCalls, _infer_request
+from shmserve.shared_memory import Region, RegionSlice
+from workers import triton_python_backend_utils as pb_utils
+from workers.server_calls import CallArena, FrameReader
 
 WAIT_S = 5.0
+ARENA = 1 << 20
 
 
 class QueueChannel:
@@ -89,12 +100,182 @@ def test_a_bls_call_becomes_a_request_with_its_sequence_and_timeout_as_parameter
     request = _infer_request({
         "model": "m", "version": 2, "id": "r", "correlation_id": 7, "flags": 3,
         "timeout": 500, "parameters": {"p": 1}, "outputs": ["B"],
-        "inputs": [["A", "INT32", [1], b"\0\0\0\0"]]})
+        "inputs": [["A", "INT32", [1], b"\0\0\0\0"]]}, None)
     assert (request.model_name, request.model_version, request.id) == ("m", "2", "r")
     assert request.parameters == {"p": 1, "sequence_id": 7, "sequence_start": True,
                                   "sequence_end": True, "timeout": 500}
     assert [(t.name, t.datatype, t.shape, t.data) for t in request.inputs] == \
         [("A", "INT32", [1], b"\0\0\0\0")]
     assert [o.name for o in request.outputs] == ["B"]
-    latest = _infer_request({"model": "m", "inputs": []})
+    latest = _infer_request({"model": "m", "inputs": []}, None)
     assert (latest.model_version, latest.parameters) == ("", {})
+
+
+# -- large tensors by reference -----------------------------------------------------------
+
+@pytest.fixture
+def target_arena():
+    """(name, the memory as the target instance sees it, identity) of a 1 MiB object standing
+    for a target instance's output arena."""
+    name = f"/shmtest_calls_{os.getpid()}"
+    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=ARENA)
+    memory = mmap.mmap(shm.fd, ARENA)
+    st = os.fstat(shm.fd)
+    shm.close_fd()
+    yield name, memory, [st.st_dev, st.st_ino]
+    memory.close()
+    posix_ipc.unlink_shared_memory(name)
+
+
+def by_reference_reply(call_id, region_id, offset, nbytes) -> messages.ServerReply:
+    return messages.ServerReply(call_id, True, messages.ResponseFrame(None, [
+        messages.TensorRef("OUT", "FP32", [nbytes // 4], [region_id, offset, nbytes])]))
+
+
+def test_an_output_by_reference_is_copied_out_by_its_reader_and_released(target_arena):
+    name, memory, identity = target_arena
+    values = np.arange(1024, dtype=np.float32)
+    memory[4096:4096 + values.nbytes] = values.tobytes()
+    channel = QueueChannel()
+    reader = FrameReader(channel)
+    replies = reader.call("infer", {})
+    # The map comes first on the socket and the caller, not the busy loop, reads it.
+    channel.incoming.put(messages.MapSystemRegion(9, name, 0, ARENA, identity))
+    channel.incoming.put(by_reference_reply(1, 9, 4096, values.nbytes))
+    (got,) = list(replies)
+    copy = got.response.outputs[0].location
+    assert type(copy) is bytearray and bytes(copy) == values.tobytes()
+    assert channel.sent[-1] == messages.ServerCall(1, "release", {})
+    memory[4096:4100] = b"\xff" * 4  # the target's slot is reused: the copy stays
+    assert bytes(copy) == values.tobytes()
+    channel.incoming.put(messages.Shutdown())
+    assert reader.next_frame() == messages.Shutdown()  # the map never reached the loop
+    reader.close()
+
+
+def test_an_output_in_a_region_that_cannot_be_mapped_is_an_error_and_still_released():
+    channel = QueueChannel()
+    reader = FrameReader(channel)
+    replies = reader.call("infer", {})
+    channel.incoming.put(by_reference_reply(1, 9, 0, 64))  # region 9 was never mapped
+    (got,) = list(replies)
+    assert got.response.error[0] == "INTERNAL" and "region 9" in got.response.error[1]
+    assert got.response.outputs == []
+    assert channel.sent[-1] == messages.ServerCall(1, "release", {})
+
+
+def test_the_call_arena_holds_inputs_until_the_final_reply(target_arena):
+    name, memory, _ = target_arena
+    arena = CallArena(Segment.attach(name), threshold=64)
+    channel = QueueChannel()
+    reader = FrameReader(channel, arena=arena)
+    array = np.arange(64, dtype=np.int32).reshape(8, 8)[:, ::2]  # not contiguous
+    offset = arena.put(array)
+    assert memory[offset:offset + array.nbytes] == np.ascontiguousarray(array).tobytes()
+    replies = reader.call("infer", {}, [offset])
+    channel.incoming.put(reply(1, final=False))
+    next(replies)
+    assert arena.put(array) != offset  # still taken while the target may read it
+    channel.incoming.put(reply(1))
+    list(replies)
+    assert arena.put(array) == offset  # freed by the final reply
+    assert arena.put(np.zeros(ARENA, np.uint8)) is None  # no room: the caller goes inline
+    reader.close()
+
+
+def test_large_bls_inputs_go_into_the_arena_unless_the_call_is_decoupled(target_arena):
+    name, memory, _ = target_arena
+    arena = CallArena(Segment.attach(name), threshold=1024)
+    reader = FrameReader(QueueChannel(), arena=arena)
+    big = np.arange(1024, dtype=np.float32)
+    request = pb_utils.InferenceRequest(
+        model_name="m", requested_output_names=["OUT"],
+        inputs=[pb_utils.Tensor("BIG", big), pb_utils.Tensor("SMALL", big[:4])])
+    pb_utils._set_server_calls(reader)
+    try:
+        args, blocks = request._call_args(decoupled=False)
+        (offset,) = blocks
+        assert args["inputs"][0][3] == [offset, big.nbytes]
+        assert memory[offset:offset + big.nbytes] == big.tobytes()
+        assert bytes(args["inputs"][1][3]) == big[:4].tobytes()
+        args, blocks = request._call_args(decoupled=True)
+        assert blocks == [] and bytes(args["inputs"][0][3]) == big.tobytes()
+    finally:
+        pb_utils._set_server_calls(None)
+        reader.close()
+
+
+class FakeWorker:
+    def __init__(self, region):
+        self.alive = True
+        self.replies: list = []
+        self.mapped: list = []
+        self._region = region
+
+    def reply(self, msg) -> bool:
+        self.replies.append(msg)
+        return True
+
+    def map_region(self, region) -> None:
+        self.mapped.append(region)
+
+    def bls_slice(self, offset, nbytes):
+        return RegionSlice(self._region, offset, nbytes)
+
+
+class FakeDataPlane:
+    """Answers every request with one output lying in `arena` at offset 128."""
+
+    def __init__(self, arena):
+        self.tracer = SimpleNamespace(in_progress=lambda trace_id: None)
+        self.arena = arena
+        self.requests: list = []
+        self.released = 0
+
+    async def infer(self, request):
+        self.requests.append(request)
+
+        def release():
+            self.released += 1
+        out = OutputTensor("OUT", "FP32", [16], memoryview(bytes(64)),
+                           place=RegionSlice(self.arena, 128, 64))
+        return InferResponse("m", "1", outputs=[out], release=release)
+
+
+def test_the_front_lends_outputs_by_reference_until_the_caller_releases_them():
+    async def scenario():
+        caller_arena = Region("caller's BLS arena", 1 << 20)
+        target_arena = Region("target's output arena", 1 << 20)
+        dp = FakeDataPlane(target_arena)
+        calls = ServerCalls(dp)
+        worker = FakeWorker(caller_arena)
+        args = {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}
+        for call_id in (1, 2):
+            calls(worker, messages.ServerCall(call_id, "infer", args))
+        await asyncio.sleep(0.01)
+        # The input is read where the caller put it; the output goes back as a reference.
+        assert dp.requests[0].inputs[0].data == RegionSlice(caller_arena, 256, 64)
+        assert worker.mapped == [target_arena, target_arena]
+        assert [r.response.outputs[0].location for r in worker.replies] == \
+            [[target_arena.region_id, 128, 64]] * 2
+        assert dp.released == 0  # lent until the caller copied it out
+        calls(worker, messages.ServerCall(1, "release", {}))
+        assert dp.released == 1
+        calls.cancel_all_of(worker)  # the caller died: what it held goes back
+        assert dp.released == 2
+    asyncio.run(scenario())
+
+
+def test_a_bls_input_outside_the_callers_arena_is_refused():
+    async def scenario():
+        worker = FakeWorker(None)
+        worker.bls_slice = lambda offset, nbytes: (_ for _ in ()).throw(
+            ValueError("range [1, 1+2) is outside the BLS arena"))
+        calls = ServerCalls(FakeDataPlane(Region("arena", 64)))
+        calls(worker, messages.ServerCall(1, "infer",
+                                          {"model": "m", "inputs": [["IN", "FP32", [1], [1, 2]]]}))
+        await asyncio.sleep(0.01)
+        (answer,) = worker.replies
+        assert answer.response.error[0] == "INVALID_ARG"
+        assert "outside the BLS arena" in answer.response.error[1]
+    asyncio.run(scenario())

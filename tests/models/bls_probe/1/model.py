@@ -84,6 +84,21 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse([_text(
                 missing.error().code().name, missing.error().message(),
                 decoupled.error().code().name, decoupled.error().message())])
+        if mode == "large":  # identity_fp32 of INPUT0 (as [1, N]) by exec, then of 2x and
+            # 3x at once by async_exec: OUTPUT0 the first answer, OUTPUT1 the sum of the others
+            row = x.reshape(1, -1)
+            first = _request("identity_fp32", ["OUTPUT0"], INPUT0=row).exec()
+            others = await asyncio.gather(
+                _request("identity_fp32", ["OUTPUT0"], INPUT0=row * 2).async_exec(),
+                _request("identity_fp32", ["OUTPUT0"], INPUT0=row * 3).async_exec())
+            for r in (first, *others):
+                if r.has_error():
+                    return pb_utils.InferenceResponse(error=r.error())
+            out = [pb_utils.get_output_tensor_by_name(r, "OUTPUT0").as_numpy() for r in others]
+            out[0] += out[1]  # answers are the model's own to write to
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().reshape(-1)),
+                _floats("OUTPUT1", out[0].reshape(-1))])
         if mode == "init":
             return pb_utils.InferenceResponse([_text(self._ready_while_loading)])
         if mode == "control":  # the model named by the request parameter "target"
