@@ -17,7 +17,7 @@ from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.malloc import keep_large_blocks
+from shmserve.ipc.malloc import keep_large_blocks
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
 from shmserve.summaries import DEFAULT_QUANTILES, parse_quantiles

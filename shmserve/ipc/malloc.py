@@ -11,8 +11,10 @@ import ctypes
 import ctypes.util
 import logging
 
-# What a process may keep mapped after a burst of large requests, beyond what it uses.
+# What a process may keep mapped after a burst of large requests, beyond what it uses: the
+# front, and each worker (there are many of those; their tensors mostly live in arenas).
 RETAIN = 1024 * 1024 * 1024
+WORKER_RETAIN = 256 * 1024 * 1024
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -20,7 +22,7 @@ _M_MMAP_MAX = -4
 log = logging.getLogger("shmserve")
 
 
-def keep_large_blocks() -> None:
+def keep_large_blocks(retain: int = RETAIN) -> None:
     """Apply the tuning to this process; a no-op (logged) where malloc is not glibc's."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -28,5 +30,5 @@ def keep_large_blocks() -> None:
     except (OSError, AttributeError):
         log.info("malloc tuning skipped: this C library has no mallopt")
         return
-    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, RETAIN)):
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, retain)):
         log.info("malloc tuning skipped: mallopt refused it")
