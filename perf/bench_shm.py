@@ -4,6 +4,10 @@ in one run: identity_fp32 with 4 MiB and 64 MiB FP32 inputs over gRPC, perf_anal
 
     .venv/bin/python perf/bench_shm.py [--only triton|shmserve] [--sizes-mib 4 64]
                                        [--concurrency 1 8] [--modes shm plain]
+                                       [--model identity_fp32|bls_identity]
+
+`--model bls_identity` measures the same through a model that forwards INPUT0 to identity_fp32
+by BLS: tensors between two models inside the server (the issue's target is identity's).
 
 First this machine's memcpy bandwidth (numpy, no server running), the floor for an identity
 through shm. Then each server (one after the other, never together, both serving
@@ -29,7 +33,8 @@ from tritonclient.utils import InferenceServerException
 from pa_runner import measure
 from servers import add_server_arguments, new_run, run_metadata, Server, SERVER_NAMES, ServerError, tree_cpu_seconds, fmt, ratio, markdown_row, publish, run_servers, serve_and_measure
 
-MODEL = "identity_fp32"
+MODEL = "identity_fp32"  # or bls_identity, as --model says
+MODELS = ("identity_fp32", "bls_identity")
 FP32_BYTES = 4
 MIB = 1 << 20
 MODES = ("shm", "plain")  # plain: tensors in the gRPC messages
@@ -154,7 +159,8 @@ def run_one(server: Server, cases, pa, out_dir: Path, records: list[dict]) -> li
     largest = max(mib for _, mib, _ in cases) * MIB // FP32_BYTES
 
     def measure_all(errors: list[str]) -> None:
-        server.wait_model_ready(MODEL)
+        for name in dict.fromkeys((MODEL, "identity_fp32")):  # bls_identity's target too
+            server.wait_model_ready(name)
         usable = set()
         for mode in dict.fromkeys(mode for mode, _, _ in cases):
             try:
@@ -276,12 +282,16 @@ def parse_args():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="shm: system shared memory in and out; plain: tensors in the messages (default both)")
+    ap.add_argument("--model", choices=MODELS, default=MODEL,
+                    help="identity_fp32 (default), or bls_identity: the same through a BLS call")
     add_server_arguments(ap)
     return ap.parse_args()
 
 
 def main() -> int:
+    global MODEL
     args = parse_args()
+    MODEL = args.model
     started = time.monotonic()
     env, out_dir, servers, names = new_run(args, "shm")
     cases = [(mode, mib, c) for mode in args.modes for mib in args.sizes_mib for c in args.concurrency]
