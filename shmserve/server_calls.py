@@ -7,7 +7,8 @@ would: the same dataplane, scheduling, statistics and errors. Its answers go bac
 calling worker as ServerReply frames.
 
 Large tensors never pass through the front (see ipc/messages.py): an input the caller wrote
-into its BLS arena reaches the target as a RegionSlice of that arena, read in place, and an
+into its BLS arena, or one of its own inputs it passes on from a region it was given, reaches
+the target as a RegionSlice of that arena or region, read in place, and an
 output in the target's output arena goes back as a reference the caller maps and copies out.
 Such a response is leased to the caller until it says "release" (or dies): its slots are not
 reused before that.
@@ -165,7 +166,7 @@ def _infer_request(args: dict, worker) -> InferRequest:
         id=args.get("id", ""),
         parameters=params,
         inputs=[InputTensor(name, datatype, list(shape),
-                            worker.bls_slice(*data) if type(data) is list else data)
+                            worker.bls_slice(data) if type(data) is list else data)
                 for name, datatype, shape, data in args["inputs"]],
         outputs=[RequestedOutput(name) for name in args.get("outputs") or ()],
         bls=True)

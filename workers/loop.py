@@ -168,6 +168,8 @@ class WorkerLoop:
         location = ref.location
         if len(location) == 3:
             buffer = self._regions.input(location, ref.datatype)
+            if self._regions.in_host_memory(location[0]):
+                return RunnerInput(ref.name, ref.datatype, ref.shape, buffer, location)
         else:
             offset, nbytes = location
             buffer = block[offset:offset + nbytes]

@@ -108,6 +108,10 @@ class ClientRegions:
             return view
         return memoryview(cuda.to_numpy(view))
 
+    def in_host_memory(self, region_id: int) -> bool:
+        """Whether the region is mapped here as system shared memory (not CUDA)."""
+        return isinstance(self._mappings.get(region_id), Segment)
+
     def write(self, target, name: str, array, serialized) -> int:
         """Write an output into the client's slice `target` = (region id, offset, nbytes);
         `serialized` holds a BYTES output's wire bytes. Returns the bytes written;

@@ -38,6 +38,8 @@ class RunnerInput:
     # Wire bytes: little-endian; BYTES length-prefixed; BF16 raw. A cupy uint8 array when the
     # input is a view of a client's CUDA region.
     buffer: memoryview | bytes
+    # [region_id, offset, nbytes] when `buffer` is a view of a system shared-memory region.
+    origin: list | None = None
 
 
 def _never_cancelled() -> bool:
@@ -489,7 +491,7 @@ def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
             f"input '{tensor.name}' ({tensor.datatype}, shape {tensor.shape}) does not match "
             f"its bytes: {exc}"
         ) from None
-    return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype)
+    return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype, origin=tensor.origin)
 
 
 def _runner_response(response: pb_utils.InferenceResponse, requested: set,

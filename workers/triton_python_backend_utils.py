@@ -195,7 +195,9 @@ def _datatype_of(dtype: np.dtype) -> str:
 
 
 class Tensor:
-    __slots__ = ("_name", "_array", "_datatype", "_device_id")
+    # _origin: [region_id, offset, nbytes] of a request's input that is a view of a shared-
+    # memory region, so that a BLS call can pass it on by reference; None otherwise.
+    __slots__ = ("_name", "_array", "_datatype", "_device_id", "_origin")
 
     def __init__(self, name, numpy_array):
         _check_tensor_name(name)
@@ -212,15 +214,18 @@ class Tensor:
         self._array = array
         self._datatype = datatype
         self._device_id = None
+        self._origin = None
 
     @classmethod
-    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None) -> "Tensor":
+    def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None,
+              origin: list | None = None) -> "Tensor":
         """A tensor over an array already in wire layout (no checks, no copy): the runner's path."""
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
         tensor._datatype = datatype
         tensor._device_id = device_id
+        tensor._origin = origin
         return tensor
 
     def name(self):
@@ -545,14 +550,19 @@ class InferenceRequest:
         return response
 
     def _call_args(self, decoupled: bool) -> tuple:
-        """(the call's arguments, the CallArena blocks its inputs took). A decoupled call's
-        inputs go inline: a caller may leave its responses while the target still reads."""
+        """(the call's arguments, the CallArena blocks its inputs took). A request's input
+        that is a view of a region goes on by reference. Other inputs of a decoupled call go
+        inline: a caller may leave its responses while the target still reads them."""
         arena = None if decoupled or _server_calls is None else _server_calls.arena
         inputs = []
         blocks = []
         try:
             for tensor in self._inputs:
                 array = tensor._array
+                if tensor._origin is not None:
+                    inputs.append([tensor._name, tensor._datatype, list(array.shape),
+                                   tensor._origin])
+                    continue
                 if tensor._device_id is not None:
                     array = cuda.to_numpy(array)
                 if tensor._datatype == "BYTES":

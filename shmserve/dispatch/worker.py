@@ -166,7 +166,8 @@ class WorkerHandle:
         self.alive = False
         self._running = False  # started and not being stopped: an exit is a crash
         self._exit_watch: Optional[asyncio.Task] = None
-        self._mapped_regions: set = set()  # ids of client regions this process has mapped
+        # The regions (client regions, other instances' arenas) this process has mapped, by id.
+        self._mapped_regions: dict = {}
         self._log_context = logs.context(model=model_name, version=model_version,
                                          instance=instance_name)
         self._worker_log: Optional[logs.WorkerLog] = None  # of the current process
@@ -199,7 +200,7 @@ class WorkerHandle:
                                                     f"shared memory: {exc}") from None
             raise
         self._rows = RowAllocator()
-        self._mapped_regions = set()
+        self._mapped_regions = {}
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         worker_log = self._worker_log = logs.WorkerLog(self._log_context)
         try:
@@ -314,22 +315,30 @@ class WorkerHandle:
         if region.region_id in self._mapped_regions:
             return
         self._channel.send(_map_message(region))
-        self._mapped_regions.add(region.region_id)
+        self._mapped_regions[region.region_id] = region
         region.mapped_by.add(self)
 
-    def bls_slice(self, offset: int, nbytes: int) -> RegionSlice:
-        """Where a BLS input the model wrote into its BLS arena lies; ValueError when the
-        range leaves the arena."""
-        if self._bls_region is None or offset < 0 or nbytes < 0 \
-                or offset + nbytes > self._bls_region.byte_size:
-            raise ValueError(f"range [{offset}, {offset}+{nbytes}) is outside the BLS arena")
-        return RegionSlice(self._bls_region, offset, nbytes)
+    def bls_slice(self, location: list) -> RegionSlice:
+        """Where a BLS input lies: [offset, nbytes] in the model's BLS arena, or [region_id,
+        offset, nbytes] in a region this process has mapped (an input of its own passed on
+        as it came). ValueError when there is no such region or the range leaves it."""
+        if len(location) == 2:
+            region, (offset, nbytes) = self._bls_region, location
+            where = "the BLS arena"
+        else:
+            region_id, offset, nbytes = location
+            region = self._mapped_regions.get(region_id)
+            where = f"a region this instance has mapped (id {region_id})"
+        if region is None or type(offset) is not int or type(nbytes) is not int \
+                or offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
+            raise ValueError(f"range [{offset}, {offset}+{nbytes}) is outside {where}")
+        return RegionSlice(region, offset, nbytes)
 
     def unmap_region(self, region_id: int) -> None:
         """The region is gone and no request uses it any more: the worker unmaps it."""
         if region_id not in self._mapped_regions:
             return  # mapped by an earlier process of this instance, which took it along
-        self._mapped_regions.discard(region_id)
+        del self._mapped_regions[region_id]
         if self.alive:
             try:
                 self._channel.send(messages.UnmapRegion(region_id))

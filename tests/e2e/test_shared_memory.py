@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import start_server, stop_server, wait_for_models
 from tests.e2e.test_dynamic_batching import pending_requests
 from tests.e2e.test_infer import SAMPLES
 
@@ -229,6 +229,28 @@ def test_the_model_works_in_the_client_memory(clients, regions, protocol):
     assert result.as_numpy("WRITABLE")[0]
     assert np.array_equal(shm.get_contents_as_numpy(in_handle, np.float32, [8]), -data)
     assert np.array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [8]), -data)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_passes_an_input_in_a_region_on_to_another_by_reference(server, clients,
+                                                                        regions, protocol):
+    """bls_probe hands its INPUT0, which lies in the client's region, to shm_inplace by BLS;
+    shm_inplace negates it where it lies: the client sees its own region change, so the
+    second model too was handed the client's memory."""
+    wait_for_models(server, ("bls_probe", "shm_inplace"))
+    mod = CLIENTS[protocol]
+    data = np.arange(1, 20001, dtype=np.float32)  # 80 kB: above what travels inline
+    key, handle = regions.make(data.nbytes)
+    shm.set_shared_memory_region(handle, [data])
+    c = clients[protocol]
+    c.register_system_shared_memory("in", key, data.nbytes)
+    mode = mod.InferInput("MODE", [1], "BYTES")
+    mode.set_data_from_numpy(np.array([b"forward"], np.object_))
+    tensor = mod.InferInput("INPUT0", [data.size], "FP32")
+    tensor.set_shared_memory("in", data.nbytes)
+    result = c.infer("bls_probe", [mode, tensor])
+    assert np.array_equal(result.as_numpy("OUTPUT0"), -data)
+    assert np.array_equal(shm.get_contents_as_numpy(handle, np.float32, [data.size]), -data)
 
 
 def test_outputs_in_a_region_send_no_bytes_over_http(server, clients, regions):

@@ -6,6 +6,7 @@ import asyncio
 import mmap
 import os
 import queue
+import re
 import threading
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import posix_ipc
 import pytest
 
 from shmserve.inference import InferResponse, OutputTensor
+from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import messages
 from shmserve.ipc.shm import Segment
 from shmserve.server_calls import ServerCalls, _infer_request
@@ -183,7 +185,7 @@ def test_the_call_arena_holds_inputs_until_the_final_reply(target_arena):
     reader.close()
 
 
-def test_large_bls_inputs_go_into_the_arena_unless_the_call_is_decoupled(target_arena):
+def test_large_bls_inputs_go_into_the_arena_or_by_reference(target_arena):
     name, memory, _ = target_arena
     arena = CallArena(Segment.attach(name), threshold=1024)
     reader = FrameReader(QueueChannel(), arena=arena)
@@ -200,6 +202,13 @@ def test_large_bls_inputs_go_into_the_arena_unless_the_call_is_decoupled(target_
         assert bytes(args["inputs"][1][3]) == big[:4].tobytes()
         args, blocks = request._call_args(decoupled=True)
         assert blocks == [] and bytes(args["inputs"][0][3]) == big.tobytes()
+        # An input the model was given in a region goes on as where it lies, even decoupled.
+        given = pb_utils.Tensor._wrap("GIVEN", big, "FP32", origin=[5, 256, big.nbytes])
+        passing = pb_utils.InferenceRequest(model_name="m", requested_output_names=[],
+                                            inputs=[given])
+        for decoupled in (False, True):
+            args, blocks = passing._call_args(decoupled)
+            assert blocks == [] and args["inputs"][0][3] == [5, 256, big.nbytes]
     finally:
         pb_utils._set_server_calls(None)
         reader.close()
@@ -219,8 +228,8 @@ class FakeWorker:
     def map_region(self, region) -> None:
         self.mapped.append(region)
 
-    def bls_slice(self, offset, nbytes):
-        return RegionSlice(self._region, offset, nbytes)
+    def bls_slice(self, location):
+        return RegionSlice(self._region, *location)
 
 
 class FakeDataPlane:
@@ -266,11 +275,18 @@ def test_the_front_lends_outputs_by_reference_until_the_caller_releases_them():
     asyncio.run(scenario())
 
 
-def test_a_bls_input_outside_the_callers_arena_is_refused():
+def test_a_bls_input_outside_what_the_caller_was_given_is_refused():
+    handle = WorkerHandle(model_name="m", model_version=1, model_dir="", model_repository="",
+                          model_config={}, instance_name="m_0", instance_kind="CPU",
+                          device_id=0)
+    for location, where in (([1, 2], "the BLS arena"),
+                            ([7, 0, 4], "a region this instance has mapped (id 7)")):
+        with pytest.raises(ValueError, match=re.escape(where)):
+            handle.bls_slice(location)
+
     async def scenario():
         worker = FakeWorker(None)
-        worker.bls_slice = lambda offset, nbytes: (_ for _ in ()).throw(
-            ValueError("range [1, 1+2) is outside the BLS arena"))
+        worker.bls_slice = handle.bls_slice
         calls = ServerCalls(FakeDataPlane(Region("arena", 64)))
         calls(worker, messages.ServerCall(1, "infer",
                                           {"model": "m", "inputs": [["IN", "FP32", [1], [1, 2]]]}))

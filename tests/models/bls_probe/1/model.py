@@ -99,6 +99,15 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse([
                 _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().reshape(-1)),
                 _floats("OUTPUT1", out[0].reshape(-1))])
+        if mode == "forward":  # INPUT0, the very tensor it was given, to shm_inplace
+            given = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            response = pb_utils.InferenceRequest(
+                model_name="shm_inplace", requested_output_names=["OUTPUT0"],
+                inputs=[given]).exec()
+            if response.has_error():
+                return pb_utils.InferenceResponse(error=response.error())
+            return pb_utils.InferenceResponse([_floats(
+                "OUTPUT0", pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy())])
         if mode == "init":
             return pb_utils.InferenceResponse([_text(self._ready_while_loading)])
         if mode == "control":  # the model named by the request parameter "target"
