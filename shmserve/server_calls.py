@@ -8,10 +8,9 @@ calling worker as ServerReply frames.
 
 Large tensors never pass through the front (see ipc/messages.py): an input the caller wrote
 into its BLS arena, or one of its own inputs it passes on from a region it was given, reaches
-the target as a RegionSlice of that arena or region, read in place, and an
-output in the target's output arena goes back as a reference the caller maps and copies out.
-Such a response is leased to the caller until it says "release" (or dies): its slots are not
-reused before that.
+the target as a RegionSlice of that arena or region, read in place; an output in the target's
+output arena goes back as a reference the caller maps and copies out. Such a response is lent
+to the caller until it says "release" (or dies): its slots are not reused before that.
 """
 
 import asyncio
