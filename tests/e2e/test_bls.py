@@ -21,8 +21,8 @@ def models_ready(server):
     wait_for_models(server, MODELS)
 
 
-def probe(clients, protocol, mode, x=None, y=None):
-    module = httpclient if protocol == "http" else grpcclient
+def probe_inputs(module, mode, x=None, y=None) -> list:
+    """bls_probe's inputs as `module` (tritonclient.http or .grpc) builds them."""
     inputs = []
     for name, value in (("MODE", np.array([mode.encode()], np.object_)), ("INPUT0", x),
                         ("INPUT1", y)):
@@ -31,7 +31,12 @@ def probe(clients, protocol, mode, x=None, y=None):
                                        "BYTES" if value.dtype == np.object_ else "FP32")
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
-    return clients[protocol].infer("bls_probe", inputs)
+    return inputs
+
+
+def probe(clients, protocol, mode, x=None, y=None):
+    module = httpclient if protocol == "http" else grpcclient
+    return clients[protocol].infer("bls_probe", probe_inputs(module, mode, x, y))
 
 
 def text(result) -> list:

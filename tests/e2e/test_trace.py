@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
+from tests.e2e.test_bls import probe_inputs
 
 MODELS = ("identity_fp32", "ens_large", "stream_probe", "repeat", "cache_probe", "bls_probe",
           "add_sub")
@@ -191,13 +192,8 @@ def test_a_bls_request_given_the_trace_is_a_child_trace_and_others_are_not_trace
     whatever the sampling rate (1 here)."""
     x, y = np.array([1, 2, 3, 4], np.float32), np.array([10, 20, 30, 40], np.float32)
     with grpcclient.InferenceServerClient(traced.grpc_url) as grpc:
-        inputs = [grpcclient.InferInput("MODE", [1], "BYTES"),
-                  grpcclient.InferInput("INPUT0", [4], "FP32"),
-                  grpcclient.InferInput("INPUT1", [4], "FP32")]
-        inputs[0].set_data_from_numpy(np.array([b"traced"], np.object_))
-        inputs[1].set_data_from_numpy(x)
-        inputs[2].set_data_from_numpy(y)
-        result = grpc.infer("bls_probe", inputs, request_id="bls-parent")
+        result = grpc.infer("bls_probe", probe_inputs(grpcclient, "traced", x, y),
+                            request_id="bls-parent")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + y)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + y)
     # An OpenTelemetry context only in that mode, as Triton 2.51 (probed).

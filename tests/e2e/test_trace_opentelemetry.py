@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.conftest import start_server, stop_server
+from tests.e2e.test_bls import probe_inputs
 from tests.unit.test_otel import Collector
 
 MODELS = ("identity_fp32", "ens_large", "bls_probe", "add_sub")
@@ -137,14 +138,9 @@ def test_a_model_gets_the_context_of_its_model_span_and_its_bls_requests_are_chi
         exporting):
     trace_id, parent = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
     x = np.array([1, 2, 3, 4], np.float32)
-    inputs = [httpclient.InferInput("MODE", [1], "BYTES"),
-              httpclient.InferInput("INPUT0", [4], "FP32"),
-              httpclient.InferInput("INPUT1", [4], "FP32")]
-    inputs[0].set_data_from_numpy(np.array([b"traced"], np.object_))
-    inputs[1].set_data_from_numpy(x)
-    inputs[2].set_data_from_numpy(x)
     with httpclient.InferenceServerClient(exporting.http_url) as client:
-        result = client.infer("bls_probe", inputs, request_id="otel-context",
+        result = client.infer("bls_probe", probe_inputs(httpclient, "traced", x, x),
+                              request_id="otel-context",
                               headers={"traceparent": f"00-{trace_id}-{parent}-01"})
     context = json.loads(result.as_numpy("TEXT")[0])
     # InferRequest, bls_probe and its compute; add_sub (the traced BLS call) and its compute.

@@ -3,15 +3,12 @@ waiting for replies to their calls into the server), the front's translation of 
 into a request, and both halves of large BLS tensors going by reference."""
 
 import asyncio
-import mmap
-import os
 import queue
 import re
 import threading
 from types import SimpleNamespace
 
 import numpy as np
-import posix_ipc
 import pytest
 
 from shmserve.inference import InferResponse, OutputTensor
@@ -116,17 +113,10 @@ def test_a_bls_call_becomes_a_request_with_its_sequence_and_timeout_as_parameter
 # -- large tensors by reference -----------------------------------------------------------
 
 @pytest.fixture
-def target_arena():
+def target_arena(shm_object):
     """(name, the memory as the target instance sees it, identity) of a 1 MiB object standing
     for a target instance's output arena."""
-    name = f"/shmtest_calls_{os.getpid()}"
-    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=ARENA)
-    memory = mmap.mmap(shm.fd, ARENA)
-    st = os.fstat(shm.fd)
-    shm.close_fd()
-    yield name, memory, [st.st_dev, st.st_ino]
-    memory.close()
-    posix_ipc.unlink_shared_memory(name)
+    return shm_object(ARENA)
 
 
 def by_reference_reply(call_id, region_id, offset, nbytes) -> messages.ServerReply:

@@ -2,7 +2,6 @@
 written into it, and nothing outside a region is ever touched."""
 
 import mmap
-import os
 
 import numpy as np
 import posix_ipc
@@ -15,19 +14,9 @@ SIZE = 3 * mmap.PAGESIZE
 
 
 @pytest.fixture
-def client():
+def client(shm_object):
     """(name, a mapping of it as the client sees it, its identity) of an object of 3 pages."""
-    name = f"/shmtest_regions_{os.getpid()}"
-    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=SIZE)
-    mapping = mmap.mmap(shm.fd, SIZE)
-    st = os.fstat(shm.fd)
-    shm.close_fd()
-    yield name, mapping, [st.st_dev, st.st_ino]
-    mapping.close()
-    try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
-        pass
+    return shm_object(SIZE)
 
 
 def _mapped(client, region_id=1, offset=0, byte_size=SIZE) -> ClientRegions:
