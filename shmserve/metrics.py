@@ -8,7 +8,7 @@ import os
 import time
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.registry import Registry
@@ -44,82 +44,84 @@ class ModelMetricsCollector:
         self._histogram_latencies = histogram_latencies
 
     def collect(self):
-        labels = ["model", "version"]
-        success = CounterMetricFamily("nv_inference_request_success",
-                                      "Number of successful inference requests, all batch sizes", labels=labels)
-        failure = CounterMetricFamily("nv_inference_request_failure",
-                                      "Number of failed inference requests, all batch sizes",
-                                      labels=labels + ["reason"])
-        count = CounterMetricFamily("nv_inference_count",
-                                    "Number of inferences performed (does not include cached requests)", labels=labels)
-        exec_count = CounterMetricFamily("nv_inference_exec_count",
-                                         "Number of model executions performed (does not include cached requests)", labels=labels)
-        pending = GaugeMetricFamily("nv_inference_pending_request_count",
-                                    "Instantaneous number of pending requests awaiting execution per-model.", labels=labels)
+        success = _family("nv_inference_request_success", "counter",
+                          "Number of successful inference requests, all batch sizes")
+        failure = _family("nv_inference_request_failure", "counter",
+                          "Number of failed inference requests, all batch sizes")
+        count = _family("nv_inference_count", "counter",
+                        "Number of inferences performed (does not include cached requests)")
+        exec_count = _family("nv_inference_exec_count", "counter",
+                             "Number of model executions performed (does not include cached "
+                             "requests)")
+        pending = _family("nv_inference_pending_request_count", "gauge",
+                          "Instantaneous number of pending requests awaiting execution "
+                          "per-model.")
         durations = {
-            "request": CounterMetricFamily("nv_inference_request_duration_us",
-                                           "Cumulative inference request duration in microseconds (includes cached requests)", labels=labels),
-            "queue": CounterMetricFamily("nv_inference_queue_duration_us",
-                                         "Cumulative inference queuing duration in microseconds (includes cached requests)", labels=labels),
-            "compute_input": CounterMetricFamily("nv_inference_compute_input_duration_us",
-                                                 "Cumulative compute input duration in microseconds (does not include cached requests)", labels=labels),
-            "compute_infer": CounterMetricFamily("nv_inference_compute_infer_duration_us",
-                                                 "Cumulative compute inference duration in microseconds (does not include cached requests)", labels=labels),
-            "compute_output": CounterMetricFamily("nv_inference_compute_output_duration_us",
-                                                  "Cumulative inference compute output duration in microseconds (does not include cached requests)", labels=labels),
+            "request": _family("nv_inference_request_duration_us", "counter",
+                               "Cumulative inference request duration in microseconds "
+                               "(includes cached requests)"),
+            "queue": _family("nv_inference_queue_duration_us", "counter",
+                             "Cumulative inference queuing duration in microseconds (includes "
+                             "cached requests)"),
+            "compute_input": _family("nv_inference_compute_input_duration_us", "counter",
+                                     "Cumulative compute input duration in microseconds (does "
+                                     "not include cached requests)"),
+            "compute_infer": _family("nv_inference_compute_infer_duration_us", "counter",
+                                     "Cumulative compute inference duration in microseconds "
+                                     "(does not include cached requests)"),
+            "compute_output": _family("nv_inference_compute_output_duration_us", "counter",
+                                      "Cumulative inference compute output duration in "
+                                      "microseconds (does not include cached requests)"),
         }
-        load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels)
-        request_hist = HistogramMetricFamily(
-            "shmserve_inference_request_duration_seconds",
-            "End-to-end duration of inference requests, successful and failed, in seconds",
-            labels=labels)
-        batch_hist = HistogramMetricFamily(
-            "shmserve_inference_batch_size",
-            "Batch size of each model execution (the sum of its requests' batch sizes)",
-            labels=labels)
+        load = _family("nv_model_load_duration_secs", "gauge", "Model load time in seconds")
+        request_hist = _family("shmserve_inference_request_duration_seconds", "histogram",
+                               "End-to-end duration of inference requests, successful and "
+                               "failed, in seconds")
+        batch_hist = _family("shmserve_inference_batch_size", "histogram",
+                             "Batch size of each model execution (the sum of its requests' "
+                             "batch sizes)")
         # Only for models whose config enables the response cache.
         cache = {
-            "hits": CounterMetricFamily("nv_cache_num_hits_per_model",
-                                        "Number of cache hits per model", labels=labels),
-            "misses": CounterMetricFamily("nv_cache_num_misses_per_model",
-                                          "Number of cache misses per model", labels=labels),
-            "hit_us": CounterMetricFamily("nv_cache_hit_duration_per_model",
-                                          "Total cache hit duration per model, in microseconds",
-                                          labels=labels),
-            "miss_us": CounterMetricFamily("nv_cache_miss_duration_per_model",
-                                           "Total cache miss (insert+lookup) duration per model, "
-                                           "in microseconds", labels=labels),
+            "hits": _family("nv_cache_num_hits_per_model", "counter",
+                            "Number of cache hits per model"),
+            "misses": _family("nv_cache_num_misses_per_model", "counter",
+                              "Number of cache misses per model"),
+            "hit_us": _family("nv_cache_hit_duration_per_model", "counter",
+                              "Total cache hit duration per model, in microseconds"),
+            "miss_us": _family("nv_cache_miss_duration_per_model", "counter",
+                               "Total cache miss (insert+lookup) duration per model, "
+                               "in microseconds"),
         }
-        first_response = HistogramMetricFamily(
-            "nv_inference_first_response_histogram_ms",
-            "Duration from request to first response in milliseconds", labels=labels)
+        first_response = _family("nv_inference_first_response_histogram_ms", "histogram",
+                                 "Duration from request to first response in milliseconds")
         cached_models = 0
         for mv in self._registry.all_versions():
-            lv = [mv.name, str(mv.version)]
-            load.add_metric(lv, mv.load_seconds)
+            labels = model_labels(mv)
+            _add(load, labels, mv.load_seconds)
             s = mv.stats
-            success.add_metric(lv, s.success.count)
+            _add(success, labels, s.success.count)
             for reason in FAILURE_REASONS:
-                failure.add_metric(lv + [reason], s.failures.get(reason, 0))
-            count.add_metric(lv, s.inference_count)
-            exec_count.add_metric(lv, s.execution_count)
-            pending.add_metric(lv, s.pending)
-            durations["request"].add_metric(lv, (s.success.ns + s.fail.ns) // 1000)
-            durations["queue"].add_metric(lv, s.queue.ns // 1000)
-            durations["compute_input"].add_metric(lv, s.compute_input.ns // 1000)
-            durations["compute_infer"].add_metric(lv, s.compute_infer.ns // 1000)
-            durations["compute_output"].add_metric(lv, s.compute_output.ns // 1000)
-            request_hist.add_metric(lv, _request_buckets(s.request_buckets),
-                                    (s.success.ns + s.fail.ns) / 1e9)
-            batch_hist.add_metric(lv, *_batch_buckets(s.batches))
-            first_response.add_metric(lv, _first_response_buckets(s.first_response_buckets),
-                                      s.first_response_ns / 1e6)
+                _add(failure, {**labels, "reason": reason}, s.failures.get(reason, 0))
+            _add(count, labels, s.inference_count)
+            _add(exec_count, labels, s.execution_count)
+            _add(pending, labels, s.pending)
+            _add(durations["request"], labels, (s.success.ns + s.fail.ns) // 1000)
+            _add(durations["queue"], labels, s.queue.ns // 1000)
+            _add(durations["compute_input"], labels, s.compute_input.ns // 1000)
+            _add(durations["compute_infer"], labels, s.compute_infer.ns // 1000)
+            _add(durations["compute_output"], labels, s.compute_output.ns // 1000)
+            _add_histogram(request_hist, labels, _request_buckets(s.request_buckets),
+                           (s.success.ns + s.fail.ns) / 1e9)
+            _add_histogram(batch_hist, labels, *_batch_buckets(s.batches))
+            _add_histogram(first_response, labels,
+                           _first_response_buckets(s.first_response_buckets),
+                           s.first_response_ns / 1e6)
             if mv.config.response_cache.enable:
                 cached_models += 1
-                cache["hits"].add_metric(lv, s.cache_hit.count)
-                cache["misses"].add_metric(lv, s.cache_miss.count)
-                cache["hit_us"].add_metric(lv, s.cache_hit.ns // 1000)
-                cache["miss_us"].add_metric(lv, s.cache_miss.ns // 1000)
+                _add(cache["hits"], labels, s.cache_hit.count)
+                _add(cache["misses"], labels, s.cache_miss.count)
+                _add(cache["hit_us"], labels, s.cache_hit.ns // 1000)
+                _add(cache["miss_us"], labels, s.cache_miss.ns // 1000)
         yield from (success, failure, count, exec_count, pending)
         if self._counter_latencies:
             yield from durations.values()
@@ -130,6 +132,31 @@ class ModelMetricsCollector:
             yield from cache.values()
         yield from _summaries(self._registry)
 
+
+def model_labels(mv) -> dict:
+    """The labels of a model version's series: `model`, `version`, and `_<key>` for each
+    entry of the config's `metric_tags`, as Triton adds them."""
+    labels = {"model": mv.name, "version": str(mv.version)}
+    for key, value in sorted(mv.config.metric_tags.items()):
+        labels["_" + key] = value
+    return labels
+
+
+def _family(name: str, kind: str, documentation: str) -> Metric:
+    # Samples carry their labels whole: a model's metric_tags give it labels others lack.
+    return Metric(name, documentation, kind)
+
+
+def _add(family: Metric, labels: dict, value) -> None:
+    family.add_sample(family.name, labels, value)
+
+
+def _add_histogram(family: Metric, labels: dict, buckets: list, total) -> None:
+    """`buckets`: (le, cumulative count) pairs, the last one +Inf."""
+    for le, cumulative in buckets:
+        family.add_sample(family.name + "_bucket", {**labels, "le": le}, cumulative)
+    family.add_sample(family.name + "_count", labels, buckets[-1][1])
+    family.add_sample(family.name + "_sum", labels, total)
 
 
 _SUMMARY_HELP = {
@@ -154,7 +181,7 @@ def _summaries(registry: Registry):
         name = f"nv_inference_{kind}_summary_us"
         family = Metric(name, help_text, "summary")
         for mv in versions:
-            labels = {"model": mv.name, "version": str(mv.version)}
+            labels = model_labels(mv)
             count, total, quantiles = mv.stats.summaries.read(kind)
             for q, value in quantiles:
                 family.add_sample(name, {**labels, "quantile": repr(q)}, value)

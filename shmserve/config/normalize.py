@@ -5,6 +5,8 @@ ValidateModelConfig / ValidateModelIOConfig / ValidateInstanceGroup (checks), wi
 error texts where they are readable, for the one backend shmserve runs: "python".
 """
 
+import re
+
 from shmserve.errors import invalid_arg
 from shmserve.proto import (DataType, ModelConfig, ModelInput, ModelInstanceGroup,
                             ModelQueuePolicy, ModelSequenceBatching)
@@ -14,6 +16,7 @@ PYTHON_BACKEND = "python"
 PYTHON_MODEL_FILENAME = "model.py"
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
 WILDCARD_DIM = -1
+_TAG_KEY = re.compile(r"(?![_])[A-Za-z0-9_]*")
 
 _Control = ModelSequenceBatching.Control
 _BOOLEAN_CONTROLS = (_Control.CONTROL_SEQUENCE_START, _Control.CONTROL_SEQUENCE_END,
@@ -41,6 +44,7 @@ def normalize_config(config: ModelConfig, model_name: str, gpu_count: int) -> Mo
                           f"'{result.name}', directory name must equal model name")
     if not result.HasField("version_policy"):
         result.version_policy.latest.num_versions = 1
+    _check_metric_tags(result)
     if result.platform == ENSEMBLE_PLATFORM:
         # The steps are checked against their models once those are loaded
         # (scheduling/ensemble.py); here, what the ensemble's own config must be.
@@ -238,6 +242,16 @@ def _check_control_inputs(batching, name: str) -> None:
                         f"unexpected data type for control {kind} for {name}. Allowed data "
                         "types are TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and "
                         "TYPE_STRING")
+
+
+def _check_metric_tags(config: ModelConfig) -> None:
+    # Each tag becomes the Prometheus label `_<key>`, which must be a valid label name and
+    # not one of the names Prometheus reserves (a leading `__`).
+    for key in config.metric_tags:
+        if not _TAG_KEY.fullmatch(key):
+            raise invalid_arg(f"metric_tags key '{key}' of model '{config.name}' cannot name "
+                              f"the metric label '_{key}': use letters, digits and '_', not "
+                              "starting with '_'")
 
 
 def _check_metric_control(control) -> None:

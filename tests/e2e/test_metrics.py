@@ -194,3 +194,31 @@ def test_metrics_config_histogram_and_summary_latencies(test_repository, tmp_pat
         assert 0 < request_us < 10_000_000
     finally:
         stop_server(server)
+
+
+def test_metric_tags_become_labels_of_the_models_series(test_repository, tmp_path):
+    """A config's metric_tags label each of that model's series `_<key>`, as in Triton; here
+    the config comes with an explicit load."""
+    server = start_server(test_repository, str(tmp_path / "s.log"),
+                          "--model-control-mode=explicit")
+    config = {"backend": "python", "max_batch_size": 8,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "metric_tags": {"team": "search", "tier": "gold"}}
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("identity_batch", config=json.dumps(config))
+            assert client.get_model_config("identity_batch")["metric_tags"] == {
+                "team": "search", "tier": "gold"}
+            client.infer("identity_batch", [fp32("INPUT0", np.ones((2, 3), np.float32))])
+        tags = {"_team": "search", "_tier": "gold"}
+        samples = scrape(server)
+        assert value(samples, "nv_inference_request_success", "identity_batch", **tags) == 1
+        assert value(samples, "nv_inference_count", "identity_batch", **tags) == 2
+        assert value(samples, "nv_inference_request_failure", "identity_batch", reason="OTHER",
+                     **tags) == 0
+        untagged = [labels for name, labels in samples
+                    if ("model", "identity_batch") in labels and ("_team", "search") not in labels]
+        assert untagged == []
+    finally:
+        stop_server(server)

@@ -374,6 +374,10 @@ def _io(dims: str, extra: str = "", kind: str = "input") -> str:
      "metric control must specify 'histogram_options'"),
     ('backend: "python" model_metrics { metric_control [ { metric_identifier { family: "f" }'
      ' histogram_options { } } ] }', "histogram options must specify non-empty 'buckets'"),
+    ('backend: "python" metric_tags { key: "my team" value: "a" }',
+     "metric_tags key 'my team' of model 'm' cannot name the metric label '_my team'"),
+    ('backend: "python" metric_tags { key: "_hidden" value: "a" }',
+     "metric_tags key '_hidden' of model 'm' cannot name"),
     # instance groups
     ('backend: "python" instance_group [ { kind: KIND_GPU } ]',
      "instance group m_0 of model m has kind KIND_GPU but no GPUs are available"),

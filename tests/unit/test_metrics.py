@@ -28,9 +28,10 @@ class FakeRegistry:
         return list(self._versions)
 
 
-def model(name="m", stats=None, instances=None, cache=False):
+def model(name="m", stats=None, instances=None, cache=False, tags=None):
     pool = None if instances is None else SimpleNamespace(instances=instances)
-    config = SimpleNamespace(response_cache=SimpleNamespace(enable=cache))
+    config = SimpleNamespace(response_cache=SimpleNamespace(enable=cache),
+                             metric_tags=tags or {})
     return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats(),
                            pool=pool, config=config)
 
@@ -110,6 +111,23 @@ def test_triton_counters_keep_their_names_and_reasons():
     failures = {dict(labels)["reason"]: v for (n, labels), v in out.items()
                 if n == "nv_inference_request_failure"}
     assert failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+
+
+def test_metric_tags_label_every_series_of_their_model():
+    stats = ModelStats()
+    succeed(stats, 2 * MS)
+    execute(stats, 1)
+    tagged = model("t", stats=stats, cache=True, tags={"team": "search", "tier": "gold"})
+    out = scrape(ModelMetricsCollector(FakeRegistry(tagged, model("plain"))))
+    key = (("_team", "search"), ("_tier", "gold"), ("model", "t"), ("version", "1"))
+    assert out[("nv_inference_request_success", key)] == 1
+    assert out[("nv_inference_exec_count", key)] == 1
+    assert out[("nv_cache_num_hits_per_model", key)] == 0
+    assert out[("shmserve_inference_batch_size_count", key)] == 1
+    assert out[("nv_inference_request_failure", tuple(sorted(key + (("reason", "OTHER"),))))] == 0
+    assert out[("nv_inference_request_success", (("model", "plain"), ("version", "1")))] == 0
+    series = [labels for (name, labels) in out if dict(labels).get("model") == "t"]
+    assert series and all(dict(labels)["_team"] == "search" for labels in series)
 
 
 # --- GPU metrics through a fake NVML ----------------------------------------------------------
