@@ -145,14 +145,21 @@ class FakeCuda:
         return isinstance(obj, DeviceArray)
 
 
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A FakeCuda holding one 64-byte allocation, of handle b"h1"."""
+    return FakeCuda({b"h1": bytearray(64)}).install(monkeypatch)
+
+
 def _cuda_mapped(*, gpu_inputs, handle=b"h1", byte_size=64, region_id=7):
     regions = ClientRegions(gpu_inputs=gpu_inputs)
     regions.map_cuda(messages.MapCudaRegion(region_id, handle, 0, byte_size))
     return regions
 
 
-def test_a_cuda_region_is_opened_once_and_closed_on_unmap(monkeypatch):
-    fake = FakeCuda({b"h1": bytearray(range(64))}).install(monkeypatch)
+def test_a_cuda_region_is_opened_once_and_closed_on_unmap(fake_cuda):
+    fake = fake_cuda
+    fake.allocations[b"h1"][:] = range(64)
     regions = _cuda_mapped(gpu_inputs=True)
     for _ in range(3):
         assert bytes(regions.input((7, 8, 4), "UINT8").view(np.ndarray)) == bytes([8, 9, 10, 11])
@@ -166,9 +173,8 @@ def test_a_cuda_region_is_opened_once_and_closed_on_unmap(monkeypatch):
     assert len(fake.closed) == 1
 
 
-def test_a_gpu_model_reads_a_cuda_input_in_place_and_others_get_a_host_copy(monkeypatch):
-    memory = bytearray(64)
-    fake = FakeCuda({b"h1": memory}).install(monkeypatch)
+def test_a_gpu_model_reads_a_cuda_input_in_place_and_others_get_a_host_copy(fake_cuda):
+    memory = fake_cuda.allocations[b"h1"]
     on_gpu = _cuda_mapped(gpu_inputs=True)
     view = on_gpu.input((7, 0, 4), "FP32")
     assert isinstance(view, DeviceArray)
@@ -183,12 +189,11 @@ def test_a_gpu_model_reads_a_cuda_input_in_place_and_others_get_a_host_copy(monk
     assert memory[0] == 42  # a copy
     on_gpu.close()
     on_cpu.close()
-    assert len(fake.closed) == 2
+    assert len(fake_cuda.closed) == 2
 
 
-def test_outputs_are_written_into_the_cuda_region_within_bounds(monkeypatch):
-    memory = bytearray(64)
-    fake = FakeCuda({b"h1": memory}).install(monkeypatch)
+def test_outputs_are_written_into_the_cuda_region_within_bounds(fake_cuda):
+    memory = fake_cuda.allocations[b"h1"]
     regions = _cuda_mapped(gpu_inputs=True)
     out = np.arange(4, dtype=np.float32)
     assert regions.write((7, 16, 16), "OUT", out, None) == 16
@@ -204,8 +209,8 @@ def test_outputs_are_written_into_the_cuda_region_within_bounds(monkeypatch):
     regions.close()
 
 
-def test_a_cuda_region_larger_than_its_allocation_or_a_bad_handle_is_refused(monkeypatch):
-    fake = FakeCuda({b"h1": bytearray(64)}).install(monkeypatch)
+def test_a_cuda_region_larger_than_its_allocation_or_a_bad_handle_is_refused(fake_cuda):
+    fake = fake_cuda
     too_big = _cuda_mapped(gpu_inputs=True, byte_size=65)
     with pytest.raises(RegionUnavailable, match="exceeds the 64-byte CUDA allocation"):
         too_big.input((7, 0, 4), "UINT8")
