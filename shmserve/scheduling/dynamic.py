@@ -126,7 +126,10 @@ class DynamicBatcher:
                 if count == 0:
                     self._wake.set(wait_until)
                     return
-                self._dispatch(pool.try_acquire(), self._queue.take(count))
+                inst = pool.try_acquire(count)
+                if inst is None:
+                    return  # too small to queue behind a running batch: it grows meanwhile
+                self._dispatch(inst, self._queue.take(count))
         finally:
             self._scheduling = False
 

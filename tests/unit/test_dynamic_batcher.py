@@ -220,7 +220,36 @@ def test_a_reached_preferred_size_leaves_without_waiting_for_the_delay():
         assert h.inst.seen == [["r0", "r1"]]
         h.timer.advance(100 * US)
         await settle()
+        # Due, but smaller than the batch it would queue behind: it leaves when that ends.
+        assert h.inst.seen == [["r0", "r1"]]
+        h.inst.finish()
+        await settle()
         assert h.inst.seen == [["r0", "r1"], ["r2"]]
+    run(main())
+
+
+def test_a_batch_queues_behind_a_running_one_once_it_is_as_large():
+    async def main():
+        h = Harness(max_batch_size=8, depth=2)
+        tasks = [h.submit(f"a{i}") for i in range(3)]
+        await settle()
+        assert h.inst.seen == [["a0", "a1", "a2"]]
+        tasks += [h.submit("b0"), h.submit("b1")]
+        await settle()
+        assert h.inst.seen == [["a0", "a1", "a2"]]  # 2 < 3: it waits, and grows
+        tasks.append(h.submit("b2"))
+        await settle()
+        assert h.inst.seen == [["a0", "a1", "a2"], ["b0", "b1", "b2"]]  # queued behind
+        tasks.append(h.submit("c0"))
+        h.inst.finish()
+        await settle()
+        assert len(h.inst.seen) == 2  # c0 is smaller than the batch still running
+        h.inst.finish()
+        await settle()
+        assert h.inst.seen[-1] == ["c0"]  # the instance was idle: it left alone
+        h.inst.finish()
+        assert [(await t)[0].parameters["id"] for t in tasks] == [
+            "a0", "a1", "a2", "b0", "b1", "b2", "c0"]
     run(main())
 
 

@@ -182,3 +182,18 @@ def test_pipelining_off_holds_one_batch_from_the_start():
         pool.release(a, BatchTimings(0, 1_000, 0))
         assert pool.try_acquire() is a and not pool.has_room()
     run(go())
+
+
+def test_a_busy_instance_takes_a_batch_no_smaller_than_its_latest():
+    async def go():
+        a = FakeInstance("a")
+        pool = InstancePool([a], depth=2)
+        assert pool.try_acquire(4) is a
+        assert pool.has_room()  # a second batch may queue behind the first...
+        assert pool.try_acquire(3) is None  # ...if it is as large
+        assert pool.try_acquire(4) is a and not pool.has_room()
+        pool.release(a)
+        pool.release(a)
+        assert pool.try_acquire(1) is a  # idle: any size
+        assert pool.try_acquire() is a  # no size given: no condition
+    run(go())
