@@ -10,8 +10,8 @@ queued so far (a model taking 20 ms a batch served a third fewer requests at con
 its batches split three ways), to save a wake-up that is small beside its run. The
 least-loaded instance is always chosen first.
 
-A batch queued behind a running one must hold at least as many requests as the latest batch
-the instance was sent (try_acquire's `size`). Under load, a batch sent the moment there is
+A batch that could still grow, queued behind a running one, must hold at least as many
+requests as the latest batch the instance was sent (try_acquire's `size`). Under load, a batch sent the moment there is
 room holds only what came since the last one left: batches halve, and the costs paid once per
 batch (a frame each way, a wake-up, the model's call) are paid twice as often. Held back, the
 batch grows until it matches, or goes as it is when the instance frees (perf_analyzer, identity_fp32, gRPC, medians of 3: server CPU per request at
@@ -73,15 +73,14 @@ class InstancePool:
         back): schedulers that dispatch without waiting use it."""
         self._listeners.append(callback)
 
-    def try_acquire(self, size: int | None = None):
-        """An instance with room for one more batch, or None; never waits. With `size` (the
-        batch's requests), a busy instance is chosen only if the batch is no smaller than the
-        latest it was sent."""
-        inst = self._pick(size)
+    def try_acquire(self, size: int = 0, can_grow: bool = False):
+        """An instance with room for one more batch of `size` requests, or None; never waits.
+        A batch that `can_grow` goes to a busy instance only if it is no smaller than the
+        latest batch that instance was sent."""
+        inst = self._pick(size if can_grow else None)
         if inst is not None:
             self._take(inst)
-            if size is not None:
-                self._sent[inst] = size
+            self._sent[inst] = size
         return inst
 
     def _take(self, inst) -> None:

@@ -122,19 +122,22 @@ class DynamicBatcher:
             while self._queue:
                 if not pool.has_room():
                     return
-                count, wait_until = self._next_batch(self._timer.now_ns())
+                count, wait_until, full = self._next_batch(self._timer.now_ns())
                 if count == 0:
                     self._wake.set(wait_until)
                     return
-                inst = pool.try_acquire(count)
+                # A batch that can still grow queues behind a running one only once it is as
+                # large as the latest sent (see pool.py); meanwhile it grows.
+                inst = pool.try_acquire(count, can_grow=not full)
                 if inst is None:
-                    return  # too small to queue behind a running batch: it grows meanwhile
+                    return
                 self._dispatch(inst, self._queue.take(count))
         finally:
             self._scheduling = False
 
     def _next_batch(self, now: int):
-        """(requests to send now, 0) or (0, the time to look again)."""
+        """(requests to send now, 0, whether the batch can grow no more) or (0, the time to
+        look again, False)."""
         strategy = self._strategy
         walk = iter(self._queue)
         first = next(walk)
@@ -175,13 +178,13 @@ class DynamicBatcher:
         if full:
             # A request larger than one makes the batch overshoot the largest preferred size:
             # the preferred size it passed through, if any, goes instead.
-            return (best_preferred if size > cap and best_preferred else count), 0
+            return (best_preferred if size > cap and best_preferred else count), 0, True
         if best_preferred:
-            return best_preferred, 0
+            return best_preferred, 0, False
         due = oldest + self._delay_ns
         if now >= due:
-            return count, 0
-        return 0, due
+            return count, 0, False
+        return 0, due, False
 
     # -- running batches ------------------------------------------------------------------
 

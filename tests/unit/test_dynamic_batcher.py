@@ -253,6 +253,18 @@ def test_a_batch_queues_behind_a_running_one_once_it_is_as_large():
     run(main())
 
 
+def test_a_batch_that_cannot_grow_queues_behind_a_running_one_at_once():
+    async def main():
+        h = Harness(max_batch_size=4, depth=2)
+        for i in range(3):
+            h.submit(f"a{i}")
+        await settle()
+        h.submit("full", batch_size=4)  # one request, but the largest batch there is
+        await settle()
+        assert h.inst.seen == [["a0", "a1", "a2"], ["full"]]
+    run(main())
+
+
 def test_after_the_delay_everything_pending_leaves():
     async def main():
         h = Harness(max_batch_size=8, preferred_sizes=[4], max_queue_delay_ns=100 * US)

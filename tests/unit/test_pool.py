@@ -188,12 +188,13 @@ def test_a_busy_instance_takes_a_batch_no_smaller_than_its_latest():
     async def go():
         a = FakeInstance("a")
         pool = InstancePool([a], depth=2)
-        assert pool.try_acquire(4) is a
+        assert pool.try_acquire(4, can_grow=True) is a
         assert pool.has_room()  # a second batch may queue behind the first...
-        assert pool.try_acquire(3) is None  # ...if it is as large
-        assert pool.try_acquire(4) is a and not pool.has_room()
+        assert pool.try_acquire(3, can_grow=True) is None  # ...if it is as large
+        assert pool.try_acquire(4, can_grow=True) is a and not pool.has_room()
+        pool.release(a)
+        assert pool.try_acquire(2) is a  # one that cannot grow goes as it is
         pool.release(a)
         pool.release(a)
-        assert pool.try_acquire(1) is a  # idle: any size
-        assert pool.try_acquire() is a  # no size given: no condition
+        assert pool.try_acquire(1, can_grow=True) is a  # idle: any size
     run(go())
