@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 
-from shmserve import __version__, logs
+from shmserve import __version__, eager, logs
 from shmserve.classification import classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
@@ -370,8 +370,9 @@ class DataPlane:
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
         stream = work.stream = ResponseStream()
-        run = asyncio.ensure_future(
-            self._run(mv, work, batch_size, priority, timeout_us, started))
+        # Started now: the request reaches its scheduler in this turn of the loop.
+        run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started),
+                          asyncio.get_running_loop())
         run.add_done_callback(functools.partial(_end_of_execution, stream))
         stats = mv.stats
         failed = False

@@ -12,7 +12,7 @@ import time
 
 from google.protobuf import json_format
 
-from shmserve import header_forwarding, proto, restricted_api
+from shmserve import eager, header_forwarding, proto, restricted_api
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
 from shmserve.errors import Code, ServerError
@@ -297,12 +297,14 @@ class _Stream:
                     decoupled = self.dp.is_decoupled(msg.model_name, msg.model_version)
                 except ServerError:
                     decoupled = False  # the error is answered in order
+                # Started now: the request reaches its scheduler in this turn of the loop.
+                loop = asyncio.get_running_loop()
                 if decoupled:
-                    task = asyncio.ensure_future(self._serve_decoupled(msg))
+                    task = eager.start(self._serve_decoupled(msg), loop)
                     task.add_done_callback(self._room_back)
                 else:
                     # Its room comes back once its answer leaves (see next()).
-                    task = asyncio.ensure_future(self._serve_one(msg))
+                    task = eager.start(self._serve_one(msg), loop)
                     self._in_order.append(task)
                 self._tasks.add(task)
                 task.add_done_callback(self._task_done)

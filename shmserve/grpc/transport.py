@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
+from shmserve import eager
 from shmserve.grpc import http2
 
 log = logging.getLogger("shmserve.grpc")
@@ -145,6 +146,7 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.calls: dict = {}
         self.transport = None
+        self.loop = None
         self.http2: http2.ServerConnection | None = None
         self._paused: asyncio.Future | None = None
         self._flush_scheduled = False
@@ -157,6 +159,7 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         self.http2 = http2.ServerConnection(
             self, max_concurrent_streams=MAX_CONCURRENT_STREAMS, stream_window=STREAM_WINDOW,
             connection_window=CONNECTION_WINDOW, max_frame_size=MAX_FRAME_SIZE,
@@ -352,7 +355,8 @@ class _Connection(asyncio.Protocol):
             self._fail(call, UNIMPLEMENTED if call.messages else INTERNAL,
                        "a unary call takes exactly one request message")
         else:
-            call.task = asyncio.ensure_future(self._serve(call, self._unary))
+            # Started now, so the request reaches its scheduler in this turn of the loop.
+            call.task = eager.start(self._serve(call, self._unary), self.loop)
 
     def on_reset(self, sid: int) -> None:
         """The client cancelled the call: its handler is cancelled, nothing more is sent."""

@@ -19,6 +19,8 @@ from collections import deque
 import httptools
 import orjson
 
+from shmserve import eager
+
 log = logging.getLogger("shmserve.http")
 
 # The request line and headers together: more is refused (431) before anything is built.
@@ -283,7 +285,7 @@ class _Connection(asyncio.Protocol):
 
     # Serving, one request at a time so that answers leave in request order.
     def _serve_next(self) -> None:
-        while self.task is None and self.pending:
+        while self.task is None and self.pending and not self.transport.is_closing():
             item = self.pending.popleft()
             if type(item) is _Refusal:
                 self._answer_refusal(item.response)
@@ -292,8 +294,14 @@ class _Connection(asyncio.Protocol):
                 # A client that floods one connection is told, not queued without bound.
                 self.write_response(item, error_response(503, self.server.busy_message))
                 continue
-            self.task = self.loop.create_task(self._serve(item))
+            # Started now, so the request reaches its scheduler in this turn of the loop; one
+            # answered at once (a health check) lets the next pipelined one start too.
+            task = eager.start(self._serve(item), self.loop)
+            if not task.done():
+                self.task = task
+                task.add_done_callback(self._served)
         if self.task is None and not self.pending:
+            self.server.check_idle()
             if self.closing or self.server.stopping:
                 self.transport.close()
             elif self.phase == _SERVING:  # not when the next request is half read
@@ -303,32 +311,31 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    async def _serve(self, request: Request) -> None:
-        try:
-            try:
-                response = await self.server.handle(request)
-            except Exception as exc:
-                if self.transport.is_closing():
-                    return  # the client left while its answer was written
-                log.exception("HTTP handler failed: %s", exc)
-                response = error_response(500, f"internal error: {exc}")
-            stream = request._stream
-            if stream is not None:
-                await stream.end()
-            elif response is not None:
-                self.write_response(request, response)
-                if response.on_sent is not None:
-                    response.on_sent()
-            else:
-                self.write_response(request, error_response(500, "the handler sent nothing"))
-            await self.drain()
-        finally:
-            self.task = None
-            self.server.check_idle()
+    def _served(self, _task) -> None:
+        self.task = None
+        self.server.check_idle()
         if not self.transport.is_closing():
             self._serve_next()
 
-    # Writing
+    async def _serve(self, request: Request) -> None:
+        try:
+            response = await self.server.handle(request)
+        except Exception as exc:
+            if self.transport.is_closing():
+                return  # the client left while its answer was written
+            log.exception("HTTP handler failed: %s", exc)
+            response = error_response(500, f"internal error: {exc}")
+        stream = request._stream
+        if stream is not None:
+            await stream.end()
+        elif response is not None:
+            self.write_response(request, response)
+            if response.on_sent is not None:
+                response.on_sent()
+        else:
+            self.write_response(request, error_response(500, "the handler sent nothing"))
+        await self.drain()
+
     def _head(self, status: int, headers: dict, length: int | None) -> bytes:
         parts = [_status_line(status)]
         for name, value in headers.items():
