@@ -311,30 +311,35 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def _served(self, _task) -> None:
-        self.task = None
+    def _served(self, task) -> None:
+        if self.task is task:  # else _serve cleared it, and the next one may have started
+            self.task = None
         self.server.check_idle()
         if not self.transport.is_closing():
             self._serve_next()
 
     async def _serve(self, request: Request) -> None:
         try:
-            response = await self.server.handle(request)
-        except Exception as exc:
-            if self.transport.is_closing():
-                return  # the client left while its answer was written
-            log.exception("HTTP handler failed: %s", exc)
-            response = error_response(500, f"internal error: {exc}")
-        stream = request._stream
-        if stream is not None:
-            await stream.end()
-        elif response is not None:
-            self.write_response(request, response)
-            if response.on_sent is not None:
-                response.on_sent()
-        else:
-            self.write_response(request, error_response(500, "the handler sent nothing"))
-        await self.drain()
+            try:
+                response = await self.server.handle(request)
+            except Exception as exc:
+                if self.transport.is_closing():
+                    return  # the client left while its answer was written
+                log.exception("HTTP handler failed: %s", exc)
+                response = error_response(500, f"internal error: {exc}")
+            stream = request._stream
+            if stream is not None:
+                await stream.end()
+            elif response is not None:
+                self.write_response(request, response)
+                if response.on_sent is not None:
+                    response.on_sent()
+            else:
+                self.write_response(request, error_response(500, "the handler sent nothing"))
+            await self.drain()
+        finally:
+            # At once, not in _served's turn: the client's next request may come first.
+            self.task = None
 
     def _head(self, status: int, headers: dict, length: int | None) -> bytes:
         parts = [_status_line(status)]

@@ -1,10 +1,12 @@
 """The HTTP/1.1 server side (shmserve/http/http1.py) and its router, on real sockets with
 hand-written requests: keep-alive, pipelining order, chunked bodies both ways, limits,
-timeouts, disconnects and shutdown."""
+timeouts, disconnects and shutdown. One ordering case needs a turn of the event loop that
+sockets cannot time, and drives a connection through a recording transport."""
 
 import asyncio
 import contextlib
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -95,17 +97,86 @@ def test_keep_alive_serves_requests_on_one_connection():
 
 
 def test_pipelined_requests_are_answered_in_request_order():
+    # Even ones answer without waiting, so they are served inside the read (eager start);
+    # odd ones wait, later ones less: all leave in request order, one at a time.
+    running = []
+
     async def handle(request):
-        await asyncio.sleep(0.05 * (5 - int(request.body)))  # later ones finish sooner
+        running.append(request.body)
+        assert len(running) == 1, "two requests of one connection served at once"
+        if int(request.body) % 2:
+            await asyncio.sleep(0.02 * (6 - int(request.body)))
+        running.remove(request.body)
         return Response(200, request.body)
 
     async def main():
         async with serving(handle) as server:
             reader, writer = await connect(server)
-            writer.write(b"".join(post("/", b"%d" % i) for i in range(5)))
-            answers = [(await read_response(reader))[2] for _ in range(5)]
-            assert answers == [b"0", b"1", b"2", b"3", b"4"]
+            writer.write(b"".join(post("/", b"%d" % i) for i in range(6)))
+            answers = [(await read_response(reader))[2] for _ in range(6)]
+            assert answers == [b"%d" % i for i in range(6)]
             writer.close()
+    run(main())
+
+
+class _RecordingTransport(asyncio.Transport):
+    """What a connection writes, and a hook called on each write."""
+
+    def __init__(self, on_write):
+        super().__init__()
+        self.written = bytearray()
+        self._on_write = on_write
+        self._closing = False
+
+    def write(self, data) -> None:
+        self.written += data
+        self._on_write()
+
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+
+def test_a_request_read_just_after_a_task_ended_does_not_run_beside_the_next():
+    # The next request is read after the task serving the previous one returned, but before
+    # that task's done callback ran: the request starts then, and the late callback must not
+    # let a third one start beside it.
+    running = []
+
+    async def handle(request):
+        running.append(request.body)
+        assert len(running) == 1, "two requests of one connection served at once"
+        await asyncio.sleep(0.01)
+        running.remove(request.body)
+        return Response(200, request.body)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = HttpServer(handle, 1 << 20)
+        server.loop = loop
+        conn = http1._Connection(server)
+        more = [post("/", b"1") + post("/", b"2")]
+
+        def on_write():
+            if more:  # runs before the finishing task's callbacks, which it schedules later
+                loop.call_soon(conn.data_received, more.pop())
+
+        transport = _RecordingTransport(on_write)
+        conn.connection_made(transport)
+        conn.data_received(post("/", b"0"))
+        for _ in range(200):
+            if transport.written.count(b"HTTP/1.1 ") == 3:
+                break
+            await asyncio.sleep(0.01)
+        answers = re.findall(rb"HTTP/1.1 (\d+) .*?\r\n\r\n(\d)", bytes(transport.written),
+                             re.S)
+        assert answers == [(b"200", b"0"), (b"200", b"1"), (b"200", b"2")]
     run(main())
 
 
