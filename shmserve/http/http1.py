@@ -311,9 +311,8 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def _served(self, task) -> None:
-        if self.task is task:  # else _serve cleared it, and the next one may have started
-            self.task = None
+    def _served(self, _task) -> None:
+        # The task was cleared as it ended (see _serve); the next request may have started.
         self.server.check_idle()
         if not self.transport.is_closing():
             self._serve_next()
@@ -341,6 +340,7 @@ class _Connection(asyncio.Protocol):
             # At once, not in _served's turn: the client's next request may come first.
             self.task = None
 
+    # Writing
     def _head(self, status: int, headers: dict, length: int | None) -> bytes:
         parts = [_status_line(status)]
         for name, value in headers.items():
