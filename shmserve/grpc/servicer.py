@@ -286,6 +286,7 @@ class _Stream:
         self.traceparent = ""  # the call's W3C trace context, when some settings trace
 
     async def read(self, request_iterator) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async for msg in request_iterator:
                 await self._room.acquire()
@@ -298,7 +299,6 @@ class _Stream:
                 except ServerError:
                     decoupled = False  # the error is answered in order
                 # Started now: the request reaches its scheduler in this turn of the loop.
-                loop = asyncio.get_running_loop()
                 if decoupled:
                     task = eager.start(self._serve_decoupled(msg), loop)
                     task.add_done_callback(self._room_back)
