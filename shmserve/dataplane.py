@@ -15,14 +15,14 @@ from shmserve import __version__, eager, logs
 from shmserve.classification import classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ReadError, ServerError
 from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
                                 StreamedResponse)
 from shmserve.ipc import datatypes
 from shmserve.registry import Registry
 from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
-from shmserve.shared_memory import RegionError, RegionSlice, SharedMemoryManager
+from shmserve.shared_memory import RegionSlice, SharedMemoryManager
 from shmserve.tracing import Tracer, parse_changes
 
 EXTENSIONS = ["classification", "sequence", "model_repository",
@@ -50,6 +50,12 @@ MAX_INFLIGHT_PER_CONNECTION = 64
 # concurrency, yet it keeps an open-loop flood from queueing without bound.
 MAX_QUEUE_SIZE_DEFAULT = 1024
 MAX_OPEN_STREAMS = 1024
+# Triton's words after a shape mismatch on a model with a batch dimension.
+_BATCH_DIM_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+                   "dimension to be prepended to each input shape. If you want to specify the "
+                   "full shape including the batch dim in your input dims config, try setting "
+                   "max_batch_size to zero. See the model configuration docs for more info on "
+                   "max_batch_size.")
 
 
 class DataPlane:
@@ -143,11 +149,22 @@ class DataPlane:
     def model_statistics(self, name: str = "", version: str = "") -> list:
         """[(ModelVersion, ModelStats)] for one model (and version) or every ready model."""
         if name:
-            if version in ("", "-1"):
-                self.registry.get(name, version)  # NOT_FOUND for unknown models
-                versions = [v for v in self.registry.models[name].versions.values() if v.ready]
-            else:
-                versions = [self.registry.get(name, version)]
+            # Triton answers INVALID_ARG here, not the NOT_FOUND of the other model APIs.
+            rec = self.registry.models.get(name)
+            versions = [v for v in rec.versions.values() if v.ready] if rec else []
+            if not versions:
+                raise ServerError(Code.INVALID_ARG, f"requested model '{name}' is not available")
+            if version not in ("", "-1"):
+                try:
+                    mv = self.registry.find(name, version)
+                except ServerError as exc:
+                    if exc.code is not Code.NOT_FOUND:
+                        raise  # a version that is not a number
+                    mv = None
+                if mv is None or not mv.ready:
+                    raise ServerError(Code.INVALID_ARG, f"requested model version is not "
+                                                        f"available for model '{name}'")
+                versions = [mv]
         else:
             versions = [v for v in self.registry.all_versions() if v.ready]
         return [(mv, mv.stats) for mv in sorted(versions, key=lambda v: (v.name, v.version))]
@@ -441,9 +458,10 @@ class DataPlane:
             if request.trace is not None:
                 request.trace.stamp("REQUEST_END", time.perf_counter_ns())
                 request.trace.finish()
-            mv.stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
+            # Not counted in the model's statistics or metrics: Triton counts only requests
+            # that reach its scheduler.
             _log_failure(logging.DEBUG, mv, request.id, exc)
-            if isinstance(exc, RegionError):
+            if isinstance(exc, ReadError):
                 raise
             # Triton names the request in validation errors.
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
@@ -598,17 +616,17 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
     batching = sig.max_batch_size > 0
     inputs = []
     regions = []  # the client regions the request uses
-    seen = set()
+    seen = {}  # input names in request order
     batch_size = 1
     for t in request.inputs:
         spec = sig.inputs.get(t.name)
         if spec is None:
-            raise ServerError(Code.INVALID_ARG,
-                              f"unexpected inference input '{t.name}' for model '{name}'")
+            raise ReadError(Code.INVALID_ARG,
+                            f"unexpected inference input '{t.name}' for model '{name}'")
         if t.name in seen:
             raise ServerError(Code.INVALID_ARG,
                               f"input '{t.name}' already exists in request")
-        seen.add(t.name)
+        seen[t.name] = None
         if t.datatype != spec.datatype:
             raise ServerError(Code.INVALID_ARG,
                               f"inference input '{t.name}' data-type is '{t.datatype}', but "
@@ -621,8 +639,8 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
         if batching:
             if not shape:
                 raise ServerError(Code.INVALID_ARG,
-                                  f"unexpected shape for input '{t.name}' for model '{name}'. "
-                                  f"Expected {_fmt([-1, *spec.dims])}, got {_fmt(shape)}")
+                                  f"input '{t.name}' has no shape but model requires batch "
+                                  f"dimension for '{name}'")
             this_batch = shape[0]
             if this_batch > sig.max_batch_size or this_batch < 1:
                 raise ServerError(Code.INVALID_ARG,
@@ -640,7 +658,8 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
             expected = ([-1] if batching else []) + list(spec.dims)
             raise ServerError(Code.INVALID_ARG,
                               f"unexpected shape for input '{t.name}' for model '{name}'. "
-                              f"Expected {_fmt(expected)}, got {_fmt(shape)}")
+                              f"Expected {_fmt(expected)}, got {_fmt(shape)}. "
+                              f"{_BATCH_DIM_NOTE if batching else ''}")
         if t.data is None:
             if "shared_memory_region" not in t.parameters:
                 raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
@@ -659,8 +678,10 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
         missing = [n for n, s in sig.inputs.items() if n not in seen and not s.optional]
         if missing:
             required = sum(1 for s in sig.inputs.values() if not s.optional)
+            expected = (f"{required} inputs" if required == len(sig.inputs) else
+                        f"number of inputs between {required} and {len(sig.inputs)}")
             raise ServerError(Code.INVALID_ARG,
-                              f"expected {required} inputs but got {len(seen)} inputs for model "
+                              f"expected {expected} but got {len(seen)} inputs for model "
                               f"'{name}'. Got input(s) {_names(seen)}, but missing required "
                               f"input(s) {_names(missing)}. Please provide all required input(s).")
     output_regions = {}
@@ -668,8 +689,8 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
         requested = []
         for o in request.outputs:
             if o.name not in sig.outputs:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"unexpected inference output '{o.name}' for model '{name}'")
+                raise ReadError(Code.INVALID_ARG,
+                                f"unexpected inference output '{o.name}' for model '{name}'")
             if o.parameters:
                 _check_classification(o, sig, name)
                 if "shared_memory_region" in o.parameters:
@@ -692,9 +713,11 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
 
 def _uint_parameter(params: dict, name: str) -> int:
     value = params.get(name, 0) if params else 0
-    if type(value) is not int or value < 0:
-        raise ServerError(Code.INVALID_ARG, f"parameter '{name}' must be a non-negative "
-                                            f"integer, got {value!r}")
+    if type(value) is not int:
+        raise ReadError(Code.INVALID_ARG, f"invalid value type for '{name}' parameter, "
+                                          f"expected int64_param.")
+    if value < 0:
+        raise ReadError(Code.INVALID_ARG, f"invalid value for '{name}', expected value >= 0.")
     return value
 
 
@@ -818,4 +841,4 @@ def _fmt(shape) -> str:
 
 
 def _names(names) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"

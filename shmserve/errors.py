@@ -28,6 +28,12 @@ class ServerError(Exception):
         return f"ServerError({self.code.name}, {self.message!r})"
 
 
+class ReadError(ServerError):
+    """An error Triton finds while it reads a request, before the model validates it (an
+    input or output the model lacks, a bad region, a bad scheduling parameter): unlike
+    validation errors, its message does not name the request."""
+
+
 def invalid_arg(message: str) -> ServerError:
     return ServerError(Code.INVALID_ARG, message)
 

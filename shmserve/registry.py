@@ -100,7 +100,10 @@ class Registry:
         try:
             number = int(version)
         except ValueError:
-            raise ServerError(Code.INVALID_ARG, f"failed to parse model version '{version}' for model '{name}'") from None
+            raise ServerError(Code.INVALID_ARG,
+                              f"failed to get model version from specified version string "
+                              f"'{version}' (details: stol), version should be an integral "
+                              f"value > 0") from None
         mv = versions.get(number)
         if mv is None:
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {number} is not found")

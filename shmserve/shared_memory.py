@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import posix_ipc
 
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ReadError, ServerError
 from shmserve.ipc.shm import is_server_segment
 
 # What a CUDA IPC handle is: sizeof(cudaIpcMemHandle_t).
@@ -27,9 +27,8 @@ _RESERVED_PREFIX = "triton_python_backend_shm_region_"
 _region_ids = itertools.count(1)
 
 
-class RegionError(ServerError):
-    """A tensor names a region badly. Triton finds these while reading the request, so its
-    message does not name the request, unlike the model's validation errors."""
+class RegionError(ReadError):
+    """A tensor names a region badly."""
 
 
 @dataclass(eq=False)

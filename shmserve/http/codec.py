@@ -4,6 +4,7 @@ Pure translation. The checks here are the ones Triton's HTTP front makes while p
 its message texts; everything that needs the model config is the dataplane's job.
 """
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,10 +94,50 @@ def json_object(buf) -> dict:
     try:
         doc = orjson.loads(buf)
     except orjson.JSONDecodeError as e:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") from None
+        doc = _non_finite_json(buf)
+        if doc is None:
+            raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") \
+                from None
     if type(doc) is not dict:
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
     return doc
+
+
+def _non_finite_json(buf):
+    """The document, if it is JSON but for NaN, Infinity and -Infinity, which Triton's parser
+    accepts and tritonclient writes for such floats (Python's json does); else None."""
+    raw = bytes(buf)
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def json_numbers(array):
+    """output_values' answer as orjson should write it. orjson writes NaN and infinities as
+    null; Triton writes NaN, Infinity and -Infinity, which tritonclient reads back as floats."""
+    if type(array) is not np.ndarray or array.dtype.kind != "f":
+        return array
+    finite = np.isfinite(array)
+    if finite.all():
+        return array
+    tokens = orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    for i in np.flatnonzero(~finite):
+        tokens[i] = _non_finite_token(array[i])
+    return orjson.Fragment(b"[" + b",".join(tokens) + b"]")
+
+
+def json_number(value):
+    """One element as orjson should write it (see json_numbers)."""
+    if isinstance(value, np.floating) and not np.isfinite(value):
+        return orjson.Fragment(_non_finite_token(value))
+    return value
+
+
+def _non_finite_token(value) -> bytes:
+    return b"NaN" if value != value else b"Infinity" if value > 0 else b"-Infinity"
 
 
 def encode_infer_response(
@@ -278,6 +319,8 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
     if array.size:
         kind = array.dtype.kind
         limits = _INT_LIMITS.get(datatype)
+        if kind != "b" and _holds_bool(data):
+            raise _bad_values(name, datatype)
         if limits is not None and kind in "fO":
             array = _exact_integers(name, datatype, data, array)
         elif kind not in _JSON_KINDS[datatype]:
@@ -286,6 +329,20 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
             raise _out_of_range(name, datatype)
     array = array.astype(datatypes.numpy_dtype(datatype), copy=False).reshape(-1)
     return memoryview(array.view(np.uint8))
+
+
+def _holds_bool(data: list) -> bool:
+    """Whether a (nested) list holds a JSON true or false: numpy reads them as 1 and 0 among
+    numbers, where Triton refuses them."""
+    pending = [data]
+    while pending:
+        items = pending.pop()
+        types = set(map(type, items))
+        if bool in types:
+            return True
+        if list in types:
+            pending.extend(item for item in items if type(item) is list)
+    return False
 
 
 def _exact_integers(name: str, datatype: str, data: list, inferred: np.ndarray) -> np.ndarray:
@@ -391,7 +448,7 @@ def _json_data(out: OutputTensor):
     if datatype not in datatypes.WIRE_TYPES:
         raise invalid_arg("Invalid data type for output tensor")
     try:
-        return output_values(out, "strict")
+        return json_numbers(output_values(out, "strict"))
     except UnicodeDecodeError:
         # Triton writes such bytes into the JSON unchecked, producing a body that is not
         # valid UTF-8 and that tritonclient fails to parse. A clear error is kinder.

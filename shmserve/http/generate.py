@@ -13,7 +13,8 @@ across responses, so a readable string beats failing the whole response.
 import orjson
 
 from shmserve.errors import invalid_arg
-from shmserve.http.codec import json_input_bytes, json_object, output_values
+from shmserve.http.codec import (json_input_bytes, json_number, json_numbers, json_object,
+                                 output_values)
 from shmserve.inference import InferRequest, InferResponse, InputTensor, OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.signature import ModelSignature, TensorSpec
@@ -132,4 +133,4 @@ def _output_value(out: OutputTensor):
             "be returned by generate"
         )
     values = output_values(out, "replace")
-    return values[0] if len(values) == 1 else values
+    return json_number(values[0]) if len(values) == 1 else json_numbers(values)

@@ -9,6 +9,7 @@ order), and only then creates the file. Timings are asserted only with wide marg
 """
 
 import asyncio
+import glob
 import itertools
 import json
 import os
@@ -118,10 +119,20 @@ class Scenario:
         """Fill every batch slot of the instances with a request that waits for release()
         and then sleeps `then` seconds; requests sent meanwhile wait in the batcher's queue."""
         held = []
-        for _ in range(instances * SLOTS):
+        for i in range(instances * SLOTS):
             held.append(self.send(rows=rows, delay=then, parameters={"hold_until": self._gate}))
             await asyncio.sleep(0.05)  # each arrives before the next, and finds a free slot
+            # The next one is sent once this one runs, so the two cannot form one batch.
+            await self._holding(min(i + 1, instances))
         return held
+
+    async def _holding(self, instances: int) -> None:
+        """Wait until `instances` instances run a held request (the model marks each)."""
+        deadline = time.monotonic() + 10
+        while len(glob.glob(self._gate + ".held-*")) < instances:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {instances} instances hold a request")
+            await asyncio.sleep(0.005)
 
     def release(self) -> None:
         open(self._gate, "w").close()

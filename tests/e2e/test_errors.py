@@ -51,12 +51,21 @@ CASES = {
                         {"model_version": "9"}),
     "missing input": ("INVALID_ARG", "missing required input(s) ['INPUT1']", "add_sub",
                       lambda p: [_inp(p, "INPUT0", F4)], {}),
+    "missing input, some optional": ("INVALID_ARG", "missing required input(s) ['INPUT0']",
+                                     "batch_recorder",
+                                     lambda p: [_inp(p, "DELAY", np.zeros((1, 1), np.float32))], {}),
     "extra input": ("INVALID_ARG", "unexpected inference input 'INPUT9' for model 'add_sub'", "add_sub",
                     lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4), _inp(p, "INPUT9", F4)], {}),
     "wrong datatype": ("INVALID_ARG", "data-type is 'INT32', but model 'add_sub' expects 'FP32'", "add_sub",
                        lambda p: [_inp(p, "INPUT0", np.ones(4, np.int32), "INT32"), _inp(p, "INPUT1", F4)], {}),
     "wrong shape": ("INVALID_ARG", "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [4], got [5]",
                     "add_sub", lambda p: [_inp(p, "INPUT0", np.ones(5, np.float32)), _inp(p, "INPUT1", F4)], {}),
+    "no batch dimension": ("INVALID_ARG", "Expected [-1,-1], got [4]. NOTE: Setting a non-zero "
+                           "max_batch_size in the model config requires a batch dimension",
+                           "identity_fp32", lambda p: [_inp(p, "INPUT0", F4)], {}),
+    "no shape": ("INVALID_ARG", "input 'INPUT0' has no shape but model requires batch dimension "
+                 "for 'identity_fp32'", "identity_fp32",
+                 lambda p: [_inp(p, "INPUT0", np.array(1, np.float32))], {}),
     "batch too large": ("INVALID_ARG", "inference request batch-size must be <= 64 for 'identity_fp32'",
                         "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((65, 2), np.float32))], {}),
     "unknown output": ("INVALID_ARG", "unexpected inference output 'OUTPUT7' for model 'add_sub'", "add_sub",
@@ -79,6 +88,62 @@ def test_bad_request(clients, protocol, case):
     if case == "model raises":
         assert msg.startswith("Failed to process the request(s) for model")
         assert "raiser_0_0" in msg
+    if case in EXACT:
+        assert msg == EXACT[case]
+
+
+# Whole messages, as Triton 2.51 words them: it names the request only in the errors of its
+# validation against the model, not in those it finds while reading the request.
+EXACT = {
+    "missing input": "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model "
+                     "'add_sub'. Got input(s) ['INPUT0'], but missing required input(s) "
+                     "['INPUT1']. Please provide all required input(s).",
+    "missing input, some optional": "[request id: <id_unknown>] expected number of inputs "
+                                    "between 1 and 2 but got 1 inputs for model "
+                                    "'batch_recorder'. Got input(s) ['DELAY'], but missing "
+                                    "required input(s) ['INPUT0']. Please provide all required "
+                                    "input(s).",
+    "extra input": "unexpected inference input 'INPUT9' for model 'add_sub'",
+    "unknown output": "unexpected inference output 'OUTPUT7' for model 'add_sub'",
+    "wrong shape": "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model "
+                   "'add_sub'. Expected [4], got [5]. ",
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_statistics_of_an_unknown_model_is_invalid_arg(clients, protocol):
+    # Triton answers INVALID_ARG here, where its other model APIs answer NOT_FOUND.
+    client = clients[protocol]
+    for args, message in ((("nope",), "requested model 'nope' is not available"),
+                          (("add_sub", "9"), "requested model version is not available for "
+                                             "model 'add_sub'")):
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics(*args)
+        status = HTTP_STATUS if protocol == "http" else GRPC_STATUS
+        assert e.value.status() == status["INVALID_ARG"]
+        assert e.value.message() == message
+    assert client.get_inference_statistics("add_sub", "1")
+
+
+def test_http_json_carries_nan_and_infinities(server, clients):
+    # tritonclient writes them as Python's json does (NaN, Infinity, -Infinity) and reads them
+    # back; Triton's JSON parser and writer both accept them.
+    values = np.array([[np.nan, np.inf, -np.inf, 1.5]], np.float32)
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(values, binary_data=False)
+    result = clients["http"].infer("identity_fp32", [tensor], outputs=[
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+    body = result.get_response()
+    assert body["outputs"][0]["data"][1:] == [float("inf"), float("-inf"), 1.5]
+
+
+def test_http_json_true_is_not_a_number(server, clients):
+    body = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,true]},'
+            b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    status, out = _post(server, "/v2/models/add_sub/infer", body)
+    assert status == 400 and b"expected FP32 values" in out, out
+    _still_serving(clients["http"], "http")
 
 
 def test_batch_error_names_the_request(clients):

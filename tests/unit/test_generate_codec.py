@@ -79,6 +79,18 @@ def test_every_json_datatype_round_trips(datatype):
     assert encode([out])["y"] == values
 
 
+def test_non_finite_floats_are_written_as_triton_writes_them():
+    # orjson would write null; tritonclient-style readers (Python's json) take these tokens.
+    response = InferResponse("m", "1", "", {}, [
+        OutputTensor("one", "FP32", [1], wire("FP32", [float("nan")])),
+        OutputTensor("many", "FP64", [3], wire("FP64", [float("-inf"), 1.5, float("inf")]))])
+    body = encode_generate_response(response)
+    assert b'"one":NaN' in body and b'"many":[-Infinity,1.5,Infinity]' in body
+    assert decode(None, signature({"x": ("FP32", [-1])}),
+                  raw=b'{"x": [NaN, -Infinity]}').inputs[0].data.tobytes() == \
+        wire("FP32", [float("nan"), float("-inf")])
+
+
 def test_request_basics():
     request = decode({"text_input": "hi"}, signature({"text_input": ("BYTES", [1])}))
     assert (request.model_name, request.model_version, request.id) == ("m", "1", "")

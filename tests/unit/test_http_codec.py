@@ -259,6 +259,12 @@ def test_malformed_json():
      "expected BYTES as JSON strings"),
     ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [1.5]}]}, "expected INT32 values"),
     ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [True]}]}, "expected FP32 values"),
+    ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [2], "data": [1.5, False]}]},
+     "expected FP32 values"),
+    ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, True]]}]},
+     "expected INT32 values"),
+    ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [2], "data": [1.0, True]}]},
+     "expected INT64 values"),
     ({"inputs": [{"name": "a", "datatype": "BOOL", "shape": [1], "data": [1]}]}, "expected BOOL values"),
     ({"inputs": [{"name": "a", "datatype": "UINT8", "shape": [1], "data": [256]}]}, "out of range for UINT8"),
     ({"inputs": [{"name": "a", "datatype": "UINT64", "shape": [1], "data": [-1]}]}, "out of range for UINT64"),
@@ -357,6 +363,23 @@ def test_json_output_is_flat_and_header_fields():
         "outputs": [{"name": "o", "datatype": "INT32", "shape": [2, 3],
                      "parameters": {"k": True}, "data": [0, 1, 2, 3, 4, 5]}],
     }
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_json_non_finite_floats_round_trip(datatype):
+    # tritonclient writes NaN and the infinities as Python's json does; Triton reads them, and
+    # writes them back the same way (orjson alone would refuse them, and write null).
+    values = np.array([[np.nan, np.inf], [-np.inf, 0.25]], datatypes.numpy_dtype(datatype))
+    tensor = httpclient.InferInput("a", [2, 2], datatype)
+    tensor.set_data_from_numpy(values, binary_data=False)
+    body, header_length = client_body([tensor])
+    assert b"NaN" in body and b"-Infinity" in body
+    request, _ = decode(body, header_length)
+    data = request.inputs[0].data
+    response = InferResponse("m", "1", outputs=[OutputTensor("o", datatype, [2, 2], data)])
+    chunks, _, _ = encode_infer_response(response, OutputFormat())
+    assert b'"data":[NaN,Infinity,-Infinity,0.25]' in chunks[0]
+    np.testing.assert_array_equal(parse(chunks, None).as_numpy("o"), values)
 
 
 def test_empty_id_and_parameters_are_left_out():

@@ -15,7 +15,8 @@ class TritonPythonModel:
     size), REQUESTS (its number of requests), INSTANCE (the instance that ran it), START and END
     (time.time() around the work). So that a test can hold the instance while more requests
     queue up, a call first waits until the file named by any of its requests' `hold_until`
-    parameter exists, then sleeps the largest DELAY of the call (seconds). Shared by every
+    parameter exists (after creating `<hold_until>.held-<instance>`, which tells the test that
+    the instance holds), then sleeps the largest DELAY of the call (seconds). Shared by every
     batch_* test model."""
 
     def initialize(self, args):
@@ -25,6 +26,8 @@ class TritonPythonModel:
         deadline = time.monotonic() + HOLD_LIMIT_S
         for request in requests:
             path = json.loads(request.parameters()).get("hold_until")
+            if path:
+                open(f"{path}.held-{self.instance}", "w").close()
             while path and not os.path.exists(path) and time.monotonic() < deadline:
                 time.sleep(0.002)
         start = time.time()
