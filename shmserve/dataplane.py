@@ -702,10 +702,11 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
     params = request.parameters
     model_params = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS} if params else {}
     flags = 0
-    if params.get("sequence_start"):
-        flags |= SEQUENCE_START
-    if params.get("sequence_end"):
-        flags |= SEQUENCE_END
+    if params:
+        if _bool_parameter(params, "sequence_start"):
+            flags |= SEQUENCE_START
+        if _bool_parameter(params, "sequence_end"):
+            flags |= SEQUENCE_END
     work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
                        requested, output_regions=output_regions, regions=regions)
     return work, batch_size
@@ -718,6 +719,14 @@ def _uint_parameter(params: dict, name: str) -> int:
                                           f"expected int64_param.")
     if value < 0:
         raise ReadError(Code.INVALID_ARG, f"invalid value for '{name}', expected value >= 0.")
+    return value
+
+
+def _bool_parameter(params: dict, name: str) -> bool:
+    value = params.get(name, False)
+    if type(value) is not bool:
+        raise ReadError(Code.INVALID_ARG, f"invalid value type for '{name}' parameter, "
+                                          f"expected bool_param.")
     return value
 
 

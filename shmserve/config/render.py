@@ -71,4 +71,8 @@ def _json_number(value: float):
         return "NaN"
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
+    # Triton prints a whole float as an integer (0, not 0.0), as protobuf's JSON printer
+    # writes it and its JSON parser then reads it.
+    if value.is_integer() and abs(value) < 2**53:
+        return int(value)
     return value

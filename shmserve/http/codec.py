@@ -327,7 +327,8 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
             raise _bad_values(name, datatype)
         elif limits is not None and (array.min() < limits.min or array.max() > limits.max):
             raise _out_of_range(name, datatype)
-    array = array.astype(datatypes.numpy_dtype(datatype), copy=False).reshape(-1)
+    with np.errstate(over="ignore"):  # beyond FP32's range is an infinity, as in Triton
+        array = array.astype(datatypes.numpy_dtype(datatype), copy=False).reshape(-1)
     return memoryview(array.view(np.uint8))
 
 

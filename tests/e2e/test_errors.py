@@ -138,6 +138,17 @@ def test_http_json_carries_nan_and_infinities(server, clients):
     assert body["outputs"][0]["data"][1:] == [float("inf"), float("-inf"), 1.5]
 
 
+def test_sequence_flags_must_be_booleans(server, clients):
+    # tritonclient refuses to send these as custom parameters, so the body is written here.
+    body = (b'{"parameters":{"sequence_start":"yes"},"inputs":['
+            b'{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]},'
+            b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    status, out = _post(server, "/v2/models/add_sub/infer", body)
+    assert (status, out) == (400, b'{"error":"invalid value type for \'sequence_start\' '
+                                  b'parameter, expected bool_param."}')
+    _still_serving(clients["http"], "http")
+
+
 def test_http_json_true_is_not_a_number(server, clients):
     body = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,true]},'
             b'{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}')

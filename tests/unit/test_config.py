@@ -249,6 +249,8 @@ def test_render_prints_float32_values_as_written():
     assert rendered["direct"]["minimum_slot_utilization"] == 0.1
     assert rendered["control_input"][0]["control"][0]["fp32_false_true"] == [0.0, 0.3]
     assert rendered["max_sequence_idle_microseconds"] == 1_000_000
+    # Whole floats print as integers, as Triton prints them.
+    assert '"fp32_false_true": [0, 0.3]' in json.dumps(rendered)
 
 
 # ---- validation ----

@@ -1,0 +1,356 @@
+"""Same requests, same answers? Sends one battery of requests to the real Triton (the anchors)
+and to shmserve, both serving perf/triton_repo at once, and prints every answer that differs.
+
+    .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
+
+The battery: HTTP requests good and bad (status and body), gRPC unary calls (status code and
+message, or the reply), ModelStreamInfer streams, sequences over HTTP, the metadata and config
+of every model, the repository index, and the metric families (names, types and label keys;
+not values). Answers that depend on time or load (statistics values, durations) are not
+compared. KNOWN lists the differences kept on purpose, each with its reason (mostly where
+../shared/reference states a behaviour that Triton 2.51 does not have, or where Triton's
+answer is a fault of its own); any other difference makes the exit status 1.
+"""
+import argparse
+import http.client
+import json
+import re
+import struct
+import sys
+import time
+import urllib.request
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from servers import PERF_DIR, ServerError, ShmServer, TritonServer, add_server_arguments, anchors_env
+
+M = "/v2/models/identity_fp32"
+F4 = struct.pack("<4f", 1, 2, 3, 4)
+
+# Case name -> why its answers may differ.
+KNOWN = {
+    "GET /v2": "server name and version",
+    "ready unknown model": "the reference: unknown model -> 404 (Triton 2.51: 400 'Model version not ready')",
+    "ready unknown version": "the reference: unknown model -> 404",
+    "grpc ModelReady unknown model": "the reference: NOT_FOUND (Triton 2.51: OK, ready false)",
+    "grpc ModelReady unknown version": "the reference: NOT_FOUND",
+    "infer empty body": "Triton 2.51 runs the model on no inputs and answers 200",
+    "infer gzip label on plain body": "Triton 2.51 ignores the failed inflate and runs the model on no inputs",
+    "infer header length not a number": "the reference: 400 for a bad Inference-Header-Content-Length",
+    "infer br": "same status; shmserve's message names the encoding",
+    "grpc two raw contents for one input": "Triton 2.51 ignores the extra raw_input_contents entry",
+    "stream triton_grpc_error": "the reference: the first error ends the stream (Triton 2.51 goes on)",
+    "generate decoupled model": "Triton 2.51 answers 200 with an error body; shmserve 500",
+    "generate_stream key order": "the same JSON object, keys in another order",
+    "shm register missing key": "same status; shmserve adds the OS's reason",
+    "grpc shm register missing key": "same status; shmserve adds the OS's reason",
+    "grpc cuda register short handle": "same status; shmserve says what is wrong with the handle",
+    "infer bad datatype": "same status; shmserve names the datatype",
+    "grpc infer bad datatype": "same status; shmserve names the datatype",
+    "config ens_identity2": "the reference's model_config has ensemble_scheduling.max_inflight_requests, Triton 2.51's has not",
+    "config ens_identity4": "as ens_identity2",
+    "metrics": "shmserve_ histograms Triton lacks; no pinned memory pool; nv_model_load_duration_secs newer than 2.51",
+}
+# Triton answers 500 where the reference asks for 400 (malformed JSON, bad parameters): only
+# the status and message differ, and those cases are recognised by this pattern of its answer.
+TRITON_PARSE_500 = re.compile(r"^(Unable to parse|failed to parse the request JSON buffer|attempt to access JSON)")
+
+
+def http_call(port, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    conn.request(method, path, body=body, headers=headers or {})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    try:
+        return resp.status, json.loads(data)
+    except ValueError:
+        return resp.status, data[:400].decode(errors="replace")
+
+
+def inp(**kw):
+    tensor = {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+    tensor.update(kw)
+    return {key: value for key, value in tensor.items() if value is not None}
+
+
+def binary(header: dict, raw: bytes, length=None):
+    head = json.dumps(header).encode()
+    return head + raw, {"Inference-Header-Content-Length": str(len(head) if length is None else length)}
+
+
+def http_cases():
+    plain = json.dumps({"inputs": [inp()]}).encode()
+    body4, head4 = binary({"inputs": [inp(data=None, parameters={"binary_data_size": 16})]}, F4)
+    cases = {
+        "GET /v2": ("GET", "/v2"), "live": ("GET", "/v2/health/live"), "ready": ("GET", "/v2/health/ready"),
+        "model metadata": ("GET", M), "version metadata": ("GET", M + "/versions/1"),
+        "unknown version metadata": ("GET", M + "/versions/2"), "unknown model metadata": ("GET", "/v2/models/nope"),
+        "model ready": ("GET", M + "/ready"), "ready unknown model": ("GET", "/v2/models/nope/ready"),
+        "ready unknown version": ("GET", M + "/versions/7/ready"),
+        "stats unknown model": ("GET", "/v2/models/nope/stats"),
+        "stats unknown version": ("GET", M + "/versions/9/stats"),
+        "index ready": ("POST", "/v2/repository/index", {"ready": True}),
+        "load in none mode": ("POST", "/v2/repository/models/identity_fp32/load", {}),
+        "unload in none mode": ("POST", "/v2/repository/models/identity_fp32/unload", {}),
+        "infer": ("POST", M + "/infer", {"inputs": [inp()]}),
+        "infer id and output": ("POST", M + "/infer", {"id": "abc", "inputs": [inp()], "outputs": [{"name": "OUTPUT0"}]}),
+        "infer unknown output": ("POST", M + "/infer", {"inputs": [inp()], "outputs": [{"name": "NOPE"}]}),
+        "infer no inputs": ("POST", M + "/infer", {"inputs": []}),
+        "infer no inputs key": ("POST", M + "/infer", {}),
+        "infer empty body": ("POST", M + "/infer", b""),
+        "infer not json": ("POST", M + "/infer", b"{not json"),
+        "infer json array": ("POST", M + "/infer", b"[1,2]"),
+        "infer unknown input": ("POST", M + "/infer", {"inputs": [inp(name="X")]}),
+        "infer input twice": ("POST", M + "/infer", {"inputs": [inp(), inp()]}),
+        "infer wrong datatype": ("POST", M + "/infer", {"inputs": [inp(datatype="INT32")]}),
+        "infer bad datatype": ("POST", M + "/infer", {"inputs": [inp(datatype="FLOAT")]}),
+        "infer no batch dim": ("POST", M + "/infer", {"inputs": [inp(shape=[4])]}),
+        "infer batch too large": ("POST", M + "/infer", {"inputs": [inp(shape=[65, 1], data=[1.0] * 65)]}),
+        "infer too few elements": ("POST", M + "/infer", {"inputs": [inp(shape=[1, 5])]}),
+        "infer negative dim": ("POST", M + "/infer", {"inputs": [inp(shape=[1, -4])]}),
+        "infer nested data": ("POST", M + "/infer", {"inputs": [inp(data=[[1, 2], [3, 4]])]}),
+        "infer strings as FP32": ("POST", M + "/infer", {"inputs": [inp(data=["a", "b", "c", "d"])]}),
+        "infer true as FP32": ("POST", M + "/infer", {"inputs": [inp(data=[1, 2, 3, True])]}),
+        "infer FP32 overflow": ("POST", M + "/infer", {"inputs": [inp(data=[1e40, 2, 3, 4])]}),
+        "infer NaN and infinities": ("POST", M + "/infer", b'{"inputs":[{"name":"INPUT0","shape":[1,3],'
+                                     b'"datatype":"FP32","data":[NaN,Infinity,-Infinity]}]}'),
+        "infer no data": ("POST", M + "/infer", {"inputs": [inp(data=None)]}),
+        "infer no name": ("POST", M + "/infer", {"inputs": [{"shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}),
+        "infer binary_data_output": ("POST", M + "/infer", {"inputs": [inp()], "parameters": {"binary_data_output": True}}),
+        "infer priority": ("POST", M + "/infer", {"inputs": [inp()], "parameters": {"priority": 5}}),
+        "infer negative timeout": ("POST", M + "/infer", {"inputs": [inp()], "parameters": {"timeout": -1}}),
+        "infer list parameter": ("POST", M + "/infer", {"inputs": [inp()], "parameters": {"x": [1]}}),
+        "infer number id": ("POST", M + "/infer", {"inputs": [inp()], "id": 5}),
+        "infer classification": ("POST", M + "/infer", {"inputs": [inp()], "outputs": [
+            {"name": "OUTPUT0", "parameters": {"classification": 2}}]}),
+        "infer version 1": ("POST", M + "/versions/1/infer", {"inputs": [inp()]}),
+        "infer version 3": ("POST", M + "/versions/3/infer", {"inputs": [inp()]}),
+        "infer version x": ("POST", M + "/versions/x/infer", {"inputs": [inp()]}),
+        "infer unknown model": ("POST", "/v2/models/nope/infer", {"inputs": [inp()]}),
+        "GET infer": ("GET", M + "/infer"),
+        "unknown path": ("GET", "/v2/nothing"),
+        "infer binary": ("POST", M + "/infer", body4, head4),
+        "infer header length not a number": ("POST", M + "/infer", body4, {"Inference-Header-Content-Length": "abc"}),
+        "infer header length too large": ("POST", M + "/infer", body4, {"Inference-Header-Content-Length": "9999"}),
+        "infer gzip label on plain body": ("POST", M + "/infer", plain, {"Content-Encoding": "gzip"}),
+        "infer br": ("POST", M + "/infer", plain, {"Content-Encoding": "br"}),
+        "infer decoupled model": ("POST", "/v2/models/repeat/infer", {"inputs": [
+            {"name": "IN", "shape": [2], "datatype": "INT32", "data": [1, 2]}]}),
+        "generate": ("POST", M + "/generate", {"INPUT0": [1, 2, 3, 4]}),
+        "generate decoupled model": ("POST", "/v2/models/repeat/generate", {"IN": [1, 2]}),
+        "generate_stream key order": ("POST", "/v2/models/repeat/generate_stream", {"IN": [1, 2]}),
+        "generate not json": ("POST", M + "/generate", b"nope"),
+        "shm status": ("GET", "/v2/systemsharedmemory/status"),
+        "shm status unknown": ("GET", "/v2/systemsharedmemory/region/nope/status"),
+        "shm unregister unknown": ("POST", "/v2/systemsharedmemory/region/nope/unregister"),
+        "shm register missing key": ("POST", "/v2/systemsharedmemory/region/r1/register",
+                                     {"key": "/shmserve_probe_absent", "offset": 0, "byte_size": 64}),
+        "cuda shm status": ("GET", "/v2/cudasharedmemory/status"),
+        "logging": ("GET", "/v2/logging"),
+        "logging bad level": ("POST", "/v2/logging", {"log_verbose_level": "x"}),
+        "trace setting": ("GET", "/v2/trace/setting"),
+        "model trace setting": ("GET", M + "/trace/setting"),
+    }
+    for number, (start, end, value) in enumerate(((True, False, 1), (None, None, 2), (None, True, 3),
+                                                  (None, True, 3))):
+        params = {"sequence_id": 78}
+        if start is not None:
+            params["sequence_start"] = start
+        if end is not None:
+            params["sequence_end"] = end
+        cases[f"sequence step {number}"] = ("POST", "/v2/models/accumulate/infer", {
+            "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}],
+            "parameters": params})
+    for name, params in (("sequence no id", {}), ("sequence id 0", {"sequence_id": 0}),
+                         ("sequence without start", {"sequence_id": 77}),
+                         ("sequence string id", {"sequence_id": "abc", "sequence_start": True, "sequence_end": True}),
+                         ("sequence start not bool", {"sequence_id": 9, "sequence_start": "yes"})):
+        cases[name] = ("POST", "/v2/models/accumulate/infer", {
+            "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}], "parameters": params})
+    return cases
+
+
+def grpc_request(model="identity_fp32", version="", name="INPUT0", datatype="FP32", shape=(1, 4), raw=(F4,),
+                 outputs=(), params=None):
+    request = pb.ModelInferRequest(model_name=model, model_version=version)
+    request.inputs.add(name=name, datatype=datatype, shape=list(shape))
+    request.raw_input_contents.extend(raw)
+    for output in outputs:
+        request.outputs.add(name=output)
+    for key, value in (params or {}).items():
+        if isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        else:
+            request.parameters[key].string_param = value
+    return request
+
+
+def grpc_cases():
+    return {
+        "grpc ServerReady": ("ServerReady", pb.ServerReadyRequest()),
+        "grpc ModelReady unknown model": ("ModelReady", pb.ModelReadyRequest(name="nope")),
+        "grpc ModelReady unknown version": ("ModelReady", pb.ModelReadyRequest(name="identity_fp32", version="7")),
+        "grpc metadata unknown model": ("ModelMetadata", pb.ModelMetadataRequest(name="nope")),
+        "grpc metadata version x": ("ModelMetadata", pb.ModelMetadataRequest(name="identity_fp32", version="x")),
+        "grpc config unknown model": ("ModelConfig", pb.ModelConfigRequest(name="nope")),
+        "grpc stats unknown model": ("ModelStatistics", pb.ModelStatisticsRequest(name="nope")),
+        "grpc stats unknown version": ("ModelStatistics", pb.ModelStatisticsRequest(name="identity_fp32", version="4")),
+        "grpc load in none mode": ("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="identity_fp32")),
+        "grpc shm status unknown": ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(name="nope")),
+        "grpc shm register missing key": ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(
+            name="r", key="/shmserve_probe_absent", byte_size=16)),
+        "grpc shm unregister unknown": ("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name="nope")),
+        "grpc cuda register short handle": ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest(
+            name="r", raw_handle=b"xx", byte_size=16)),
+        "grpc infer": ("ModelInfer", grpc_request()),
+        "grpc infer unknown model": ("ModelInfer", grpc_request(model="nope")),
+        "grpc infer unknown version": ("ModelInfer", grpc_request(version="2")),
+        "grpc infer version x": ("ModelInfer", grpc_request(version="x")),
+        "grpc infer unknown input": ("ModelInfer", grpc_request(name="X")),
+        "grpc infer wrong datatype": ("ModelInfer", grpc_request(datatype="INT32")),
+        "grpc infer bad datatype": ("ModelInfer", grpc_request(datatype="FLOAT")),
+        "grpc infer no batch dim": ("ModelInfer", grpc_request(shape=(4,))),
+        "grpc infer too few bytes": ("ModelInfer", grpc_request(shape=(1, 5))),
+        "grpc infer no contents": ("ModelInfer", grpc_request(raw=())),
+        "grpc two raw contents for one input": ("ModelInfer", grpc_request(raw=(F4, F4))),
+        "grpc infer unknown output": ("ModelInfer", grpc_request(outputs=("NOPE",))),
+        "grpc infer negative priority": ("ModelInfer", grpc_request(params={"priority": -1})),
+        "grpc infer timeout as string": ("ModelInfer", grpc_request(params={"timeout": "x"})),
+        "grpc infer triton_ parameter": ("ModelInfer", grpc_request(params={"triton_x": 1})),
+        "grpc infer decoupled model": ("ModelInfer", grpc_request(model="repeat", name="IN", datatype="INT32",
+                                                                 shape=(2,), raw=(struct.pack("<2i", 1, 2),))),
+    }
+
+
+def stream_cases():
+    def repeat(count=2, model="repeat", name="IN", request_id="", params=None):
+        request = grpc_request(model=model, name=name, datatype="INT32", shape=(count,),
+                               raw=(struct.pack(f"<{count}i", *range(count)),), params=params)
+        request.id = request_id
+        return request
+    final = {"triton_enable_empty_final_response": True}
+    return {
+        "stream": ([repeat(request_id="a")], None),
+        "stream unknown model, then on": ([repeat(1, model="nope", request_id="x"), repeat(1, request_id="y")], None),
+        "stream unknown input, then on": ([repeat(1, name="X", request_id="x"), repeat(1, request_id="y")], None),
+        "stream empty final response": ([repeat(request_id="e", params=final)], None),
+        "stream no responses": ([repeat(0, request_id="z", params=final)], None),
+        "stream triton_grpc_error": ([repeat(1, model="nope"), repeat(1)], (("triton_grpc_error", "true"),)),
+    }
+
+
+def grpc_answer(stub, method, request):
+    try:
+        reply = getattr(stub, method)(request, timeout=30)
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
+    return "OK", str(reply)
+
+
+def stream_answer(channel, requests, metadata):
+    call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                 request_serializer=pb.ModelInferRequest.SerializeToString,
+                                 response_deserializer=pb.ModelStreamInferResponse.FromString)
+    answers = []
+    try:
+        for reply in call(iter(requests), metadata=metadata, timeout=30):
+            response = reply.infer_response
+            answers.append(("error", reply.error_message) if reply.error_message else
+                           ("response", response.id, list(response.raw_output_contents),
+                            sorted((k, str(v)) for k, v in response.parameters.items())))
+    except grpc.RpcError as e:
+        answers.append(("status", e.code().name, e.details()))
+    return answers
+
+
+def metric_families(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    families = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            families.setdefault(name, [kind, set()])
+        elif line and not line.startswith("#"):
+            name = re.match(r"[a-zA-Z_:]+", line).group(0)
+            base = re.sub(r"_(bucket|count|sum)$", "", name) if name not in families else name
+            labels = tuple(sorted(re.findall(r'(\w+)="', line)))
+            families.setdefault(base, ["untyped", set()])[1].add(labels)
+    return {name: (kind, sorted(labels)) for name, (kind, labels) in families.items()}
+
+
+def answers(ports):
+    """Every case's answer from the server on (http, grpc, metrics) ports."""
+    http_port, grpc_port, metrics_port = ports
+    out = {}
+    for name, case in http_cases().items():
+        out[name] = http_call(http_port, *case)
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    for name, (method, request) in grpc_cases().items():
+        out[name] = grpc_answer(stub, method, request)
+    for name, (requests, metadata) in stream_cases().items():
+        out[name] = stream_answer(channel, requests, metadata)
+    channel.close()
+    index = http_call(http_port, "POST", "/v2/repository/index", {})
+    out["index"] = index
+    for entry in index[1]:
+        out[f"metadata {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}")
+        out[f"config {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}/config")
+    out["metrics"] = metric_families(metrics_port)
+    return out
+
+
+def differs(triton, shmserve) -> bool:
+    if triton == shmserve:
+        return False
+    # Triton's 500 for a malformed body or parameter, where the reference asks for 400.
+    if (isinstance(triton, tuple) and triton[0] == 500 and shmserve[0] == 400 and
+            isinstance(triton[1], dict) and TRITON_PARSE_500.match(triton[1].get("error", ""))):
+        return False
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_arguments(ap)
+    ap.add_argument("--verbose", action="store_true", help="print the known differences too")
+    args = ap.parse_args()
+    repo = PERF_DIR / "triton_repo"
+    log_dir = PERF_DIR / "results" / time.strftime("compat-%Y%m%d-%H%M%S")
+    log_dir.mkdir(parents=True)
+    triton = TritonServer(args.anchors, anchors_env(args.anchors), repo, log_dir / "triton.log")
+    shmserve = ShmServer(repo, tuple(args.shmserve_ports), log_dir / "shmserve.log")
+    try:
+        triton.start()
+        shmserve.start()
+        theirs = answers(triton.ports)
+        ours = answers(shmserve.ports)
+    except (ServerError, OSError) as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for server in (shmserve, triton):
+            server.stop()
+    new = 0
+    for name in theirs.keys() | ours.keys():
+        if not differs(theirs.get(name), ours.get(name)):
+            continue
+        known = KNOWN.get(name)
+        new += known is None
+        if known is None or args.verbose:
+            print(f"{'known' if known else 'NEW'}: {name}" + (f"  ({known})" if known else ""))
+            print(f"  triton   {str(theirs.get(name))[:600]}")
+            print(f"  shmserve {str(ours.get(name))[:600]}")
+    print(f"{len(theirs)} cases, {new} unexpected differences; logs in {log_dir}")
+    return 1 if new else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
