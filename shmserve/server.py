@@ -323,17 +323,21 @@ class Server:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        watchdog = systemd.start_watchdog()
+        watchdog = stopping = None
         try:
             await self.start()
             if not stop.is_set():
-                systemd.notify("READY=1")
+                await systemd.notify_patiently("READY=1")
+                # systemd's watchdog runs from the end of start-up on.
+                watchdog = systemd.start_watchdog()
                 await stop.wait()
-            systemd.notify("STOPPING=1")
+            # The drain does not wait for a manager that is slow to read.
+            stopping = asyncio.ensure_future(systemd.notify_patiently("STOPPING=1"))
             await self.stop()
         finally:
-            if watchdog is not None:
-                watchdog.cancel()
+            for task in (watchdog, stopping):
+                if task is not None:
+                    task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 

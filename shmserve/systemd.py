@@ -16,27 +16,57 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from typing import Optional
 
 log = logging.getLogger("shmserve")
+
+# How long a notification that must arrive (READY=1, STOPPING=1) is retried while the
+# manager's socket queue is full; a Unix datagram queue holds only net.unix.max_dgram_qlen
+# datagrams (10 by default).
+PATIENCE_S = 10.0
+_RETRY_S = 0.02
 
 
 def notify(state: str) -> bool:
     """Send `state` (e.g. "READY=1") to the service manager. False when not run by systemd
     (no $NOTIFY_SOCKET), or when the datagram could not be sent; never raises."""
+    try:
+        return _send(state)
+    except OSError as exc:
+        log.debug("systemd notification %r not sent: %s", state, exc)
+        return False
+
+
+async def notify_patiently(state: str, patience_s: float = PATIENCE_S) -> bool:
+    """notify() for a state the manager must not miss: while its socket queue is full, the
+    datagram is sent again, for up to `patience_s`, without blocking the event loop."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return _send(state)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                log.warning("systemd notification %r not sent: the manager's socket stayed "
+                            "full for %g s", state, patience_s)
+                return False
+            await asyncio.sleep(_RETRY_S)
+        except OSError as exc:
+            log.debug("systemd notification %r not sent: %s", state, exc)
+            return False
+
+
+def _send(state: str) -> bool:
+    """One datagram; False when not run by systemd. BlockingIOError when the queue is full."""
     address = os.environ.get("NOTIFY_SOCKET", "")
     if address.startswith("@"):
         address = "\0" + address[1:]
     elif not address.startswith("/"):
         return False  # unset, or a form (vsock:...) that this module does not speak
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            # Never block the event loop on a manager that does not read its socket.
-            sock.setblocking(False)
-            sock.sendto(state.encode(), address)
-    except OSError as exc:
-        log.debug("systemd notification %r not sent: %s", state, exc)
-        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # Never block the event loop on a manager that does not read its socket.
+        sock.setblocking(False)
+        sock.sendto(state.encode(), address)
     return True
 
 

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
+import gevent
 import httpx
 import numpy as np
 import pytest
@@ -86,16 +87,19 @@ def _sleep_in_flight(server, seconds: float, marker: str):
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
     pending = client.async_infer("life_sleep", _sleep_inputs(seconds),
                                  parameters={"started_to": marker})
-    _wait_for(lambda: os.path.exists(marker), "the model to start the request")
+    # The request is a greenlet of the client's: it is sent while this one sleeps in gevent
+    # (async_infer itself yields for only 10 ms, too short on a loaded machine).
+    _wait_for(lambda: os.path.exists(marker), "the model to start the request",
+              pause=gevent.sleep)
     return client, pending
 
 
-def _wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
+def _wait_for(condition, what: str, timeout: float = WAIT_S, pause=time.sleep) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+        pause(0.02)
 
 
 def _exits(server, timeout: float = WAIT_S) -> int:

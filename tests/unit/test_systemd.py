@@ -100,3 +100,28 @@ def test_no_watchdog_unless_asked(manager):
         return systemd.start_watchdog()
 
     assert asyncio.run(go()) is None
+
+
+def test_a_state_that_must_arrive_waits_for_room_in_a_full_queue(manager):
+    # A Unix datagram queue is short (net.unix.max_dgram_qlen, 10 by default): fill it, as
+    # watchdog pings do while the manager is busy, and READY=1 must still get through.
+    filled = 0
+    while systemd.notify("WATCHDOG=1"):
+        filled += 1
+    assert filled > 0
+
+    async def go():
+        ready = asyncio.ensure_future(systemd.notify_patiently("READY=1", patience_s=5))
+        await asyncio.sleep(0.2)
+        assert not ready.done()  # retrying, the loop free meanwhile
+        received = [await asyncio.to_thread(manager.recv, 4096) for _ in range(filled + 1)]
+        return await ready, received
+
+    sent, received = asyncio.run(go())
+    assert sent and received[-1] == b"READY=1"
+
+
+def test_a_full_queue_gives_up_after_the_patience(manager):
+    while systemd.notify("WATCHDOG=1"):
+        pass
+    assert asyncio.run(systemd.notify_patiently("READY=1", patience_s=0.1)) is False
