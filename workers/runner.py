@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -394,7 +395,7 @@ class ModelRunner:
             raise _ContractError(
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(pb_requests)}, and "
-                f"InferenceResponse(s) size is:{len(returned)}"
+                f"InferenceResponse(s) size is:{len(returned)}\n"
             )
         for pb_request, response in zip(pb_requests, returned):
             if response is None:
@@ -463,7 +464,17 @@ def _import_model_module(version_dir: str, version: str, stem: str):
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """As Triton's Python backend words an exception from the model: its type and message,
+    then the model's frames, innermost first ("  file(line): function")."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not frame.filename.startswith(_OWN_CODE)]  # <frozen importlib...> too
+    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
+
+
+# Frames of the worker and of asyncio (which runs an async execute) are not the model's.
+_OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+             os.path.dirname(asyncio.__file__) + os.sep, "<frozen ")
 
 
 def _error_response(code: str, message: str) -> RunnerResponse:

@@ -1,5 +1,6 @@
 """Bad input gets Triton's status and message, and the server goes on serving."""
 
+import re
 import urllib.error
 import urllib.request
 
@@ -88,6 +89,9 @@ def test_bad_request(clients, protocol, case):
     if case == "model raises":
         assert msg.startswith("Failed to process the request(s) for model")
         assert "raiser_0_0" in msg
+        # Then, as Triton's Python backend adds it, where in the model it was raised.
+        assert re.search(r"raiser always fails\n\nAt:\n  \S+/raiser/1/model\.py\(\d+\): execute\n$",
+                         msg), msg
     if case in EXACT:
         assert msg == EXACT[case]
 

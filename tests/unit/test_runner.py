@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shmserve.ipc import datatypes
+from workers import runner as runner_module
 from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
 
 CONFIG = {
@@ -653,3 +654,22 @@ def test_bytes_inputs_in_a_block(make_runner):
     assert [each.tolist() for each in seen["each"]] == values
     assert seen["whole"].dtype == np.object_ and seen["whole"].tolist() == values[0] + values[1]
     assert seen["tail"].tolist() == values[1]
+
+
+def test_a_models_exception_is_described_with_its_frames_innermost_first():
+    def inner():
+        raise ValueError("deep")
+
+    def execute():
+        inner()
+
+    try:
+        execute()
+    except ValueError as exc:
+        text = runner_module._describe(exc)
+    head, frames = text.split("\n\nAt:\n")
+    assert head == "ValueError: deep"
+    names = [line.rsplit(": ", 1)[1] for line in frames.splitlines()]
+    assert names == ["inner", "execute",
+                     "test_a_models_exception_is_described_with_its_frames_innermost_first"]
+    assert all(line.startswith(f"  {__file__}(") for line in frames.splitlines())
