@@ -54,6 +54,7 @@ KNOWN = {
     "metrics": "shmserve_ histograms Triton lacks; no pinned memory pool; nv_model_load_duration_secs newer than 2.51",
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
     "model fault 17": "the class named in the message is shmserve's InferenceResponse",
+    "stream fault 8": "send() given a str: the TypeError's text is pybind's in Triton, ours in shmserve",
 }
 # shmserve's wording -> Triton 2.51's, where the reference words it as shmserve does.
 REWORDED = (
@@ -259,6 +260,11 @@ def stream_cases():
         "stream empty final response": ([repeat(request_id="e", params=final)], None),
         "stream no responses": ([repeat(0, request_id="z", params=final)], None),
         "stream triton_grpc_error": ([repeat(1, model="nope"), repeat(1)], (("triton_grpc_error", "true"),)),
+        # stream_faults: what a decoupled Python model can do wrong; then a good request.
+        **{f"stream fault {mode}": ([
+            grpc_request(model="stream_faults", name="MODE", datatype="INT32", shape=(1,),
+                         raw=(struct.pack("<i", value),), params=final) for value in (mode, 0)], None)
+           for mode in range(1, 9)},
     }
 
 

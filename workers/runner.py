@@ -384,8 +384,8 @@ class ModelRunner:
             return  # every request must have been answered through its response sender
         if self.decoupled:
             raise _ContractError(
-                "Python model in decoupled mode must return None from execute; answer through "
-                "the requests' response senders"
+                f"Python model '{self._instance_name}' is using the decoupled mode and the "
+                "execute function must return None."
             )
         if not isinstance(returned, list):
             raise _ContractError(

@@ -262,11 +262,19 @@ class InferenceServicer:
             self.dp.stream_closed()
 
 
+# Responses of a stream queued for writing past which a decoupled request's task waits until
+# its own is written: the memory a client that reads slowly can hold up, beyond the model's
+# response window and the transport's buffers.
+QUEUED_BEFORE_WAITING = 8
+
+
 class _Stream:
     """The requests of one ModelStreamInfer call, and their responses in the order they may
-    leave. Each request is served by a task; a decoupled request's task hands over one
-    response at a time and waits until it is written (so a slow client slows the model, see
-    dataplane.stream), while other requests' single responses line up in request order.
+    leave. Each request is served by a task; a decoupled request's task hands over each
+    response as it comes, so that responses leave in the order the models sent them, and
+    waits for its response to be written once more than QUEUED_BEFORE_WAITING are queued (so
+    a slow client slows the model, see dataplane.stream), while other requests' single
+    responses line up in request order.
 
     At most `max_inflight` requests are served at once; one more is answered UNAVAILABLE at
     once. Requests whose answers are not yet written (rejections included) are bounded too,
@@ -360,7 +368,11 @@ class _Stream:
                         continue
                     written = loop.create_future()
                     self._ready.put_nowait((_stream_response(msg, item), written))
-                    await written
+                    # Back to the model at once while the client keeps up: responses then
+                    # leave in the order they came, across requests too. Past the bound, a
+                    # client that reads slowly slows the model.
+                    if self._ready.qsize() > QUEUED_BEFORE_WAITING:
+                        await written
         except ServerError as exc:
             self._ready.put_nowait((_Failure(msg, exc, True), None))
 

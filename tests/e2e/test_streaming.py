@@ -27,7 +27,7 @@ from shmserve.server import Options, Server
 from tests.conftest import wait_for_models
 from workers.loop import FIRST_WINDOW, RESPONSE_WINDOW
 
-MODELS = ("repeat", "square", "stream_probe", "slow", "identity_fp32")
+MODELS = ("repeat", "square", "stream_probe", "slow", "identity_fp32", "stream_order")
 WAIT_S = 10.0  # the most any single response or state change may take
 
 
@@ -288,6 +288,23 @@ def test_models_that_are_not_decoupled_answer_in_request_order(server):
     assert [is_final(r) for r in results] == [True] * 3
     np.testing.assert_array_equal(results[0].as_numpy("OUTPUT0"), [0.5])
     np.testing.assert_array_equal(results[2].as_numpy("OUTPUT0"), np.ones((1, 3)))
+
+
+def test_responses_of_requests_served_one_after_the_other_keep_that_order(server):
+    # stream_order answers each request in full (two responses, an error, the final flag)
+    # before it starts the next: the stream must not let the next request's responses
+    # overtake the end of the one before.
+    n = grpc_input("N", np.array([2], np.int32))
+    with GrpcStream(server) as stream:
+        for request_id in ("a", "b", "c"):
+            stream.send("stream_order", [n], request_id=request_id,
+                        enable_empty_final_response=True)
+        items = [stream.get() for _ in range(12)]
+        assert stream.finish() == []
+    seen = [("error" if result is None else result.get_response().id,
+             result is not None and is_final(result)) for result, _ in items]
+    assert seen == [step for rid in "abc"
+                    for step in ((rid, False), (rid, False), ("error", False), (rid, True))]
 
 
 # -- gRPC stream: errors -----------------------------------------------------------------------
