@@ -322,7 +322,7 @@ def answers(ports):
     channel.close()
     index = http_call(http_port, "POST", "/v2/repository/index", {})
     out["index"] = index
-    for entry in index[1]:
+    for entry in index[1] if isinstance(index, tuple) and isinstance(index[1], list) else []:
         out[f"metadata {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}")
         out[f"config {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}/config")
     out["metrics"] = metric_families(metrics_port)
