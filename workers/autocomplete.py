@@ -68,6 +68,8 @@ def main(argv: list) -> int:
 
 
 def _describe(exc: BaseException) -> str:
+    # One line, unlike runner._describe's frames: the server reads this script's stderr as
+    # one message.
     return f"{type(exc).__name__}: {exc}"
 
 
