@@ -34,6 +34,18 @@ class ReadError(ServerError):
     validation errors, its message does not name the request."""
 
 
+class Refused(ServerError):
+    """A request a scheduler turned away as it arrived, for what the request itself says (a
+    sequence request without its ID or START flag): like a validation failure, Triton counts
+    it in no statistics."""
+
+
+class ModelError(ServerError):
+    """An error that came back as the request's answer (the model's own, its instance's
+    failure, an ensemble step's), not the server refusing the request before a model ran
+    it: Triton's Python backend words the two differently to a model calling another."""
+
+
 def invalid_arg(message: str) -> ServerError:
     return ServerError(Code.INVALID_ARG, message)
 

@@ -18,7 +18,7 @@ import contextlib
 from collections import deque
 
 from shmserve.dataplane import SEQUENCE_END, SEQUENCE_START, DecoupledModel
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ModelError, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import messages
 
@@ -96,22 +96,29 @@ class ServerCalls:
             try:
                 response = await self.dp.infer(request)
             except DecoupledModel:
-                raise ServerError(Code.INVALID_ARG,
-                                  _DECOUPLED_ONLY.format(request.model_name)) from None
+                worker.reply(_bls_error(call_id, request.model_name, ServerError(
+                    Code.INVALID_ARG, _DECOUPLED_ONLY.format(request.model_name))))
+                return
+            except ServerError as exc:
+                worker.reply(_bls_error(call_id, request.model_name, exc))
+                return
             self._reply(worker, call_id, True, response)
             return
-        async with contextlib.aclosing(self.dp.stream(request)) as responses:
-            async for item in responses:
-                if item.response is not None:
-                    sent = self._reply(worker, call_id, item.final, item.response)
-                else:
-                    frame = None
-                    if item.error is not None:
-                        frame = messages.ResponseFrame(
-                            [item.error.code.name, item.error.message], [])
-                    sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
-                if not sent:
-                    return  # the caller is gone: leaving the iteration cancels the request
+        try:
+            async with contextlib.aclosing(self.dp.stream(request)) as responses:
+                async for item in responses:
+                    if item.response is not None:
+                        sent = self._reply(worker, call_id, item.final, item.response)
+                    else:
+                        frame = None
+                        if item.error is not None:
+                            frame = messages.ResponseFrame(
+                                [Code.INTERNAL.name, item.error.message], [])
+                        sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
+                    if not sent:
+                        return  # the caller is gone: leaving the iteration cancels it
+        except ServerError as exc:  # refused before any response
+            worker.reply(_bls_error(call_id, request.model_name, exc))
 
     def _reply(self, worker, call_id: int, final: bool, response: InferResponse) -> bool:
         """Send a response; it is done() once the caller no longer needs its outputs."""
@@ -143,7 +150,7 @@ class ServerCalls:
 _DECOUPLED_ONLY = ("Model {} is using the decoupled. The current BLS request call doesn't "
                    "support models using the decoupled transaction policy. Please use "
                    "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
-                   "decoupled models.")
+                   "decoupled models.'")  # sic, the quote too
 
 
 def _infer_request(args: dict, worker) -> InferRequest:
@@ -169,6 +176,20 @@ def _infer_request(args: dict, worker) -> InferRequest:
                 for name, datatype, shape, data in args["inputs"]],
         outputs=[RequestedOutput(name) for name in args.get("outputs") or ()],
         bls=True)
+
+
+def _bls_error(call_id: int, model: str, exc: ServerError) -> messages.ServerReply:
+    """A failed call as Triton 2.51's Python backend reports it to the calling model: always
+    INTERNAL; a request the server refused before any model ran it (unknown model,
+    validation, full queue) says so first, and one for a model that is not there is "not
+    ready"."""
+    if isinstance(exc, ModelError):
+        return _error_reply(call_id, Code.INTERNAL.name, exc.message)
+    message = exc.message
+    if exc.code is Code.NOT_FOUND:
+        message = f"Failed for execute the inference request. Model '{model}' is not ready."
+    return _error_reply(call_id, Code.INTERNAL.name,
+                        f"Model {model} - Error when running inference: {message}")
 
 
 def _error_reply(call_id: int, code: str, message: str) -> messages.ServerReply:

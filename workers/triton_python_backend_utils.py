@@ -137,6 +137,16 @@ class _ErrorCode(enum.IntEnum):
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
+    # Printed as the Python backend's pybind enum prints its codes.
+    def __str__(self):
+        return f"__ErrorCode.{self.name}"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+    def __repr__(self):
+        return f"<__ErrorCode.{self.name}: {self.value}>"
+
 
 class TritonError:
     UNKNOWN = _ErrorCode.UNKNOWN

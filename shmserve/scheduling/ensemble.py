@@ -27,12 +27,13 @@ validates and counts it as a direct request to that model, and yields (WorkRespo
 import asyncio
 import contextlib
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from shmserve.config.normalize import ENSEMBLE_PLATFORM, WILDCARD_DIM
 from shmserve.dispatch.worker import BatchTimings, WorkOutput, WorkResponse
-from shmserve.errors import Code, ServerError, invalid_arg
+from shmserve.errors import Code, ModelError, ServerError, invalid_arg
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
 from shmserve.proto import DataType
@@ -328,16 +329,17 @@ class EnsembleScheduler:
 
     async def submit(self, work, batch_size: int = 1, priority: int = 0, timeout_us: int = 0):
         """Run one request through the steps: (WorkResponse, BatchTimings, queue ns). The
-        timings add up the compute times of its steps; an ensemble has no queue of its own.
-        A decoupled ensemble's responses go to `work.stream`; the WorkResponse returned is
-        then empty."""
+        timings add up the compute times of its steps; its queue time is until its first
+        step starts (as Triton counts an ensemble's). A decoupled ensemble's responses go to
+        `work.stream`; the WorkResponse returned is then empty."""
         if self._closed:
             raise ServerError(Code.UNAVAILABLE, f"ensemble '{self.plan.name}' is unloading")
+        submitted = time.perf_counter_ns()
         run = _Run(self.plan, self._run_step, self._limits, work, batch_size, priority,
                    timeout_us)
         response = await run.execute()
         self._stats.record_execution(batch_size, run.timings)
-        return response, run.timings, 0
+        return response, run.timings, max(0, run.first_step_ns - submitted)
 
     def close(self) -> None:
         self._closed = True
@@ -389,6 +391,7 @@ class _Run:
         self.tasks: set = set()
         self.starting = True  # steps that end while the first ones start do not end it
         self.timings = BatchTimings()
+        self.first_step_ns = 0  # when the first step's request was made
         self.done = asyncio.get_running_loop().create_future()
         # Ensemble outputs the client wants in its region are written there by their step.
         self.regions: dict = {}  # step index -> {model output: RegionSlice}
@@ -406,7 +409,7 @@ class _Run:
             for name in self.plan.inputs:
                 t = given.get(name)
                 value = (_Value(t.datatype, t.shape, t.data, _as_ref(t.data), batch, None)
-                         if t is not None else _Value("", [], None, None, 0, None))
+                         if t is not None else _absent())
                 updated.append((name, self._put(name, value)))
             await self._advance(updated)
             self.starting = False
@@ -486,6 +489,8 @@ class _Run:
             except BaseException:
                 _drop_all(held)
                 raise
+        if not self.first_step_ns:
+            self.first_step_ns = time.perf_counter_ns()
         request = InferRequest(step.model_name, step.model_version, self.work.request_id,
                                self.parameters, inputs,
                                [RequestedOutput(name) for name in step.output_map],
@@ -534,6 +539,14 @@ class _Run:
                 value = _Value(o.datatype, o.shape, o.data, ref,
                                batch if step.batching else 0, held)
                 updated.append((tensor, self._put(tensor, value)))
+            if not step.decoupled:
+                # As in Triton, a step's outputs are all there once it has answered: one its
+                # response left out is absent, the steps reading it run without it (and the
+                # model says what it misses), and the ensemble answers without it.
+                produced = {tensor for tensor, _ in updated}
+                for tensor in step.output_map.values():
+                    if tensor not in produced:
+                        updated.append((tensor, self._put(tensor, _absent())))
         finally:
             if held is not None:
                 held.drop()
@@ -556,11 +569,15 @@ class _Run:
                 value.held.users += 1
                 held.append(value.held)
             self._take(name, iteration)
+            if value.data is None:
+                continue
             shape = _fit_shape(value.shape, value.batch_size, self.plan.batching,
                                self.plan.output_dims[name])
             outputs.append(WorkOutput(name, value.datatype, shape, value.data))
         release = functools.partial(_drop_all, held) if held else None
-        return WorkResponse(None, outputs, release=release)
+        # Triton's ensemble puts the request's sequence fields on every response with outputs.
+        parameters = _sequence_parameters(self.work) if outputs else {}
+        return WorkResponse(None, outputs, parameters, release=release)
 
     def _finish(self) -> None:
         """No step is left: answer (or end the stream) unless the request ended already."""
@@ -572,7 +589,7 @@ class _Run:
         elif self._complete(0):
             self.done.set_result(self._response(0))
         else:
-            self.done.set_exception(ServerError(
+            self.done.set_exception(ModelError(
                 Code.INVALID_ARG, f"in ensemble '{self.plan.name}', unexpected deadlock, at "
                                   f"least one output is not set while no more ensemble steps "
                                   f"can be made"))
@@ -581,8 +598,8 @@ class _Run:
     def _fail(self, error: ServerError) -> None:
         if self.done.done():
             return
-        self.done.set_exception(ServerError(error.code, f"in ensemble '{self.plan.name}', "
-                                                        f"{error.message}"))
+        self.done.set_exception(ModelError(error.code, f"in ensemble '{self.plan.name}', "
+                                                       f"{error.message}"))
         self._abort()
 
     def _abort(self) -> None:
@@ -619,6 +636,18 @@ def _step_parameters(work, priority: int, timeout_us: int) -> dict:
     if timeout_us:
         params["timeout"] = timeout_us
     return params
+
+
+def _sequence_parameters(work) -> dict:
+    return {"sequence_id": work.correlation_id or 0,
+            "sequence_start": bool(work.flags & _SEQUENCE_START),
+            "sequence_end": bool(work.flags & _SEQUENCE_END)}
+
+
+def _absent() -> _Value:
+    """A tensor that has no value: an optional input the request left out, or an output a
+    step did not give."""
+    return _Value("", [], None, None, 0, None)
 
 
 # The request flags of dataplane.SEQUENCE_START / SEQUENCE_END.

@@ -35,7 +35,7 @@ import logging
 
 from shmserve.dispatch.pool import batch_error
 from shmserve.dispatch.worker import WorkInput, WorkRequest
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, Refused, ServerError
 from shmserve.ipc import datatypes
 from shmserve.scheduling.queue import GONE, QUEUED, TAKEN, resolve
 from shmserve.scheduling.timer import Alarm, LoopTimer
@@ -150,9 +150,9 @@ class SequenceBatcher:
         """Queue one request of a sequence until it has run; returns (WorkResponse,
         BatchTimings, queue ns). Priorities and queue timeouts do not apply to sequences."""
         if batch_size > 1:
-            raise ServerError(Code.INVALID_ARG, f"inference request to model '{self._model}' must "
-                                                f"specify batch-size 1 due to requirements of "
-                                                f"sequence batcher")
+            raise Refused(Code.INVALID_ARG, f"inference request to model '{self._model}' must "
+                                            f"specify batch-size 1 due to requirements of "
+                                            f"sequence batcher")
         entry = self._enqueue(work)
         if not self._schedule_soon:
             self._schedule_soon = True
@@ -175,20 +175,20 @@ class SequenceBatcher:
             corrid = work.correlation_id = self._new_id()
             work.flags = SEQUENCE_START
         if type(corrid) not in (int, str) or (type(corrid) is int and corrid < 0):
-            raise ServerError(Code.INVALID_ARG, f"sequence_id of a request to model "
-                                                f"'{self._model}' must be an unsigned integer "
-                                                f"or a string, got {corrid!r}")
+            raise Refused(Code.INVALID_ARG, f"sequence_id of a request to model "
+                                            f"'{self._model}' must be an unsigned integer "
+                                            f"or a string, got {corrid!r}")
         if not corrid:
-            raise ServerError(Code.INVALID_ARG, f"inference request to model '{self._model}' must "
-                                                f"specify a non-zero or non-empty correlation ID")
+            raise Refused(Code.INVALID_ARG, f"inference request to model '{self._model}' must "
+                                            f"specify a non-zero or non-empty correlation ID")
         now = self._timer.now_ns()
         sequence = self._sequences.get(corrid)
         if sequence is None:
             if not work.flags & SEQUENCE_START:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"inference request for sequence {corrid} to model "
-                                  f"'{self._model}' must specify the START flag on the first "
-                                  f"request of the sequence")
+                raise Refused(Code.INVALID_ARG,
+                              f"inference request for sequence {corrid} to model "
+                              f"'{self._model}' must specify the START flag on the first "
+                              f"request of the sequence")
             sequence = self._sequences[corrid] = _Sequence(corrid, now)
             self._live.add(sequence)
             slot = self._take_free_slot()

@@ -1,7 +1,8 @@
 """Ensembles end to end over tritonclient HTTP and gRPC: `ensemble_pipeline` (two add_sub
 steps), `ens_large` (two identity_fp32 steps, tensors big enough to pass through the output
-arenas), `ens_fail` (a step that raises) and `ens_stream` (a decoupled step, `repeat`, feeding
-`echo_all`), and an ensemble whose step model does not exist."""
+arenas), `ens_fail` (a step that raises), `ens_stream` (a decoupled step, `repeat`, feeding
+`echo_all`), `ens_partial` (a step that leaves an output out), and an ensemble whose step
+model does not exist."""
 
 import queue
 
@@ -13,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server, wait_for_models
 
-MODELS = ("ensemble_pipeline", "ens_large", "ens_fail", "ens_stream")
+MODELS = ("ensemble_pipeline", "ens_large", "ens_fail", "ens_stream", "ens_partial")
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -65,6 +66,35 @@ def test_failing_step_fails_the_request_with_its_message(clients, protocol):
     assert "in ensemble 'ens_fail'" in message and "raiser always fails" in message
     # the server still serves
     infer(clients, protocol, "ensemble_pipeline", {"INPUT0": a, "INPUT1": a})
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_response_carries_the_sequence_fields_as_in_triton(clients, protocol):
+    a = np.ones(4, np.float32)
+    result = infer(clients, protocol, "ensemble_pipeline", {"INPUT0": a, "INPUT1": a})
+    parameters = result.get_response()
+    if protocol == "grpc":
+        parameters = {key: getattr(value, value.WhichOneof("parameter_choice"))
+                      for key, value in parameters.parameters.items()}
+    else:
+        parameters = parameters["parameters"]
+    assert parameters == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_output_a_step_left_out_is_absent(clients, protocol):
+    mode = {"MODE": np.array([1], np.int32)}
+    # The next step runs without it, and says what it misses.
+    with pytest.raises(InferenceServerException) as info:
+        infer(clients, protocol, "ens_partial", mode)
+    assert info.value.message().startswith(
+        "in ensemble 'ens_partial', [request id: <id_unknown>] expected 2 inputs but got 0 "
+        "inputs for model 'add_sub'")
+    # Asked only for what the step gave, the ensemble answers.
+    result = infer(clients, protocol, "ens_partial", mode, outputs=["A"])
+    assert result.as_numpy("A").tolist() == [1]
+    full = infer(clients, protocol, "ens_partial", {"MODE": np.array([0], np.int32)})
+    assert full.as_numpy("SUM").tolist() == [2, 4, 6, 8]
 
 
 def test_config_metadata_and_statistics(clients):

@@ -155,6 +155,24 @@ def test_a_sequence_must_start_with_start(server, protocol):
     run(server, protocol, body)
 
 
+def test_refused_sequence_requests_are_counted_nowhere(server):
+    # As in Triton: like a request that fails validation, neither a failure nor a success.
+    with httpclient.InferenceServerClient(server.http_url) as http:
+        def counts():
+            stats = http.get_inference_statistics("seq_probe")["model_stats"][0]
+            return (stats["inference_stats"]["fail"]["count"],
+                    stats["inference_stats"]["success"]["count"])
+
+        before = counts()
+
+        async def body(c):
+            for kwargs in ({"start": True}, {"sequence_id": next(_ids)}):
+                with pytest.raises(InferenceServerException):
+                    await c.infer("seq_probe", 1, **kwargs)
+        run(server, "http", body)
+        assert counts() == before
+
+
 def test_an_idle_sequence_is_ended(server):
     async def body(c):
         corrid = next(_ids)

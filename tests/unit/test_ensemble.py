@@ -202,7 +202,8 @@ def test_intermediates_reach_the_next_step_as_references():
             "SUM": b"sum", "X": b"sum", "Y": b"dif"}
         response.release()
         assert sorted(r.name for r in steps.released) == ["arena1", "arena2"]
-        assert timings.compute_infer_ns == 20 and queue_ns == 0
+        # Its queue time is until the first step started: short, but counted (Triton does).
+        assert timings.compute_infer_ns == 20 and 0 < queue_ns < 10**9
         assert stats.execution_count == 1
 
     asyncio.run(main())

@@ -78,12 +78,14 @@ class TritonPythonModel:
             response = _request("string_echo", ["OUTPUT0"], INPUT0=words).exec()
             out = pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy()
             return pb_utils.InferenceResponse([_text(*[w.decode() for w in out])])
-        if mode == "errors":  # a missing model, a decoupled model asked for one response
+        if mode == "errors":  # a missing model, a decoupled model asked for one response,
+            # a model that raises: each error's code and message
             missing = _request("no_such_model", ["OUT"], IN=x).exec()
             decoupled = _request("repeat", ["OUT"], IN=x.astype(np.int32)).exec()
-            return pb_utils.InferenceResponse([_text(
-                missing.error().code().name, missing.error().message(),
-                decoupled.error().code().name, decoupled.error().message())])
+            raised = _request("raiser", ["OUTPUT0"], INPUT0=x).exec()
+            return pb_utils.InferenceResponse([_text(*[
+                str(answer) for response in (missing, decoupled, raised)
+                for answer in (response.error().code(), response.error().message())])])
         if mode == "large":  # identity_fp32 of INPUT0 (as [1, N]) by exec, then of 2x and
             # 3x at once by async_exec: OUTPUT0 the first answer, OUTPUT1 the sum of the others
             row = x.reshape(1, -1)
