@@ -4,12 +4,15 @@ and to shmserve, both serving perf/triton_repo at once, and prints every answer 
     .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
 
 The battery: HTTP requests good and bad (status and body), gRPC unary calls (status code and
-message, or the reply), ModelStreamInfer streams, sequences over HTTP, the faults of a Python
-model (model_faults), the metadata and config of every model, the repository index, and the
-metric families (names, types and label keys; not values). Answers that depend on time or load
-(statistics values, durations) are not compared. KNOWN lists the differences kept on purpose, each with its reason (mostly where
-../shared/reference states a behaviour that Triton 2.51 does not have, or where Triton's
-answer is a fault of its own); any other difference makes the exit status 1.
+message, or the reply), ModelStreamInfer streams, sequences over HTTP, the faults of Python
+models (model_faults, stream_faults), failed BLS calls (bls_faults), ensembles and a faulty
+step (ens_faults), system shared memory over both protocols, the response headers a client
+reads, the metadata and config of every model, the repository index, and the metric families
+(names, types and label keys; not values). Answers that depend on time or load (statistics
+values, durations) are not compared. KNOWN lists the differences kept on purpose, each with
+its reason (mostly where ../shared/reference states a behaviour that Triton 2.51 does not
+have, or where Triton's answer is a fault of its own); any other difference makes the exit
+status 1.
 """
 import argparse
 import http.client
@@ -21,6 +24,7 @@ import time
 import urllib.request
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -51,6 +55,12 @@ KNOWN = {
     "grpc infer bad datatype": "same status; shmserve names the datatype",
     "config ens_identity2": "the reference's model_config has ensemble_scheduling.max_inflight_requests, Triton 2.51's has not",
     "config ens_identity4": "as ens_identity2",
+    "config ens_faults": "as ens_identity2",
+    "ensemble fault 0": "the same outputs in another order: Triton's ensemble lists them in its hash table's order",
+    "headers ready": "Triton labels an empty body text/plain; shmserve sends no Content-Type for it",
+    "headers unknown path": "Triton labels its JSON error body text/plain",
+    "shm register past the end": "the reference: INVALID_ARG for a region beyond the object (Triton 2.51: 500 'Invalid shared memory region')",
+    "grpc shm register unaligned offset": "Triton mmaps the offset, which must be page-aligned (the reference); shmserve takes any offset",
     "metrics": "shmserve_ histograms Triton lacks; no pinned memory pool; nv_model_load_duration_secs newer than 2.51",
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
     "model fault 17": "the class named in the message is shmserve's InferenceResponse",
@@ -186,7 +196,148 @@ def http_cases():
                          ("sequence start not bool", {"sequence_id": 9, "sequence_start": "yes"})):
         cases[name] = ("POST", "/v2/models/accumulate/infer", {
             "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}], "parameters": params})
+    for mode in range(16):  # bls_faults: BLS calls that go wrong, as the calling model sees them
+        cases[f"bls fault {mode}"] = ("POST", "/v2/models/bls_faults/infer", {"inputs": [
+            {"name": "MODE", "shape": [1], "datatype": "INT32", "data": [mode]}]})
+    for mode in (0, 1, 2, 3, 10, 11, 13, 14, 15, 16):  # ens_faults: a step that misbehaves
+        cases[f"ensemble fault {mode}"] = ("POST", "/v2/models/ens_faults/infer", {"inputs": [
+            {"name": "MODE", "shape": [1], "datatype": "INT32", "data": [mode]}]})
+    ens = "/v2/models/ens_identity2/infer"
+    ens_in = {"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}
+    cases.update({
+        "ensemble": ("POST", ens, {"inputs": [ens_in]}),
+        "ensemble no inputs": ("POST", ens, {"inputs": []}),
+        "ensemble unknown input": ("POST", ens, {"inputs": [dict(ens_in, name="X")]}),
+        "ensemble wrong datatype": ("POST", ens, {"inputs": [dict(ens_in, datatype="INT32")]}),
+        "ensemble no batch dim": ("POST", ens, {"inputs": [dict(ens_in, shape=[2])]}),
+        "ensemble unknown output": ("POST", ens, {"inputs": [ens_in], "outputs": [{"name": "NOPE"}]}),
+        "ensemble inner tensor as output": ("POST", ens, {"inputs": [ens_in], "outputs": [{"name": "MID1"}]}),
+        "ensemble binary output": ("POST", ens, {"inputs": [ens_in], "outputs": [
+            {"name": "OUTPUT", "parameters": {"binary_data": True}}]}),
+    })
     return cases
+
+
+def header_cases():
+    """Requests whose response headers are compared (those a client reads)."""
+    body4, head4 = binary({"inputs": [inp(data=None, parameters={"binary_data_size": 16})],
+                           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}, F4)
+    plain = json.dumps({"inputs": [inp()]}).encode()
+    return {
+        "headers ready": ("GET", "/v2/health/ready"),
+        "headers metadata": ("GET", M),
+        "headers infer json": ("POST", M + "/infer", plain),
+        "headers infer binary": ("POST", M + "/infer", body4, head4),
+        "headers infer gzip accepted": ("POST", M + "/infer", plain, {"Accept-Encoding": "gzip"}),
+        "headers infer deflate accepted": ("POST", M + "/infer", plain, {"Accept-Encoding": "deflate"}),
+        "headers infer error": ("POST", M + "/infer", {"inputs": [inp(name="X")]}),
+        "headers unknown model": ("GET", "/v2/models/nope"),
+        "headers unknown path": ("GET", "/v2/nothing"),
+    }
+
+
+HEADERS_COMPARED = ("content-type", "inference-header-content-length", "content-encoding")
+
+
+def http_headers(port, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        if isinstance(body, dict):
+            body = json.dumps(body).encode()
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        resp.read()
+    finally:
+        conn.close()
+    return resp.status, {key: resp.getheader(key) for key in HEADERS_COMPARED if resp.getheader(key)}
+
+
+SHM_IN, SHM_OUT = "/shmserve_probe_in", "/shmserve_probe_out"
+
+
+def shm_answers(http_port, grpc_port):
+    """Register, use and unregister system shared memory regions over both protocols, in
+    order: each answer, and what the outputs placed in the regions hold."""
+    import posix_ipc
+    regions = []
+    try:
+        for key, data in ((SHM_IN, F4), (SHM_OUT, bytes(64))):
+            shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=len(data))
+            with open(f"/dev/shm{key}", "r+b") as f:
+                f.write(data)
+            shm.close_fd()
+            regions.append(shm)
+        return _shm_answers(http_port, grpc_port)
+    finally:
+        for shm in regions:
+            shm.unlink()
+
+
+def _shm_answers(http_port, grpc_port):
+    out = {}
+    base = "/v2/systemsharedmemory"
+
+    def region_bytes():
+        with open(f"/dev/shm{SHM_OUT}", "rb") as f:
+            return f.read(32).hex()
+
+    def infer(input_region, output_region, out_size=16, in_size=16, in_offset=0):
+        return {"inputs": [inp(data=None, parameters={
+                    "shared_memory_region": input_region, "shared_memory_byte_size": in_size,
+                    "shared_memory_offset": in_offset})],
+                "outputs": [{"name": "OUTPUT0", "parameters": {
+                    "shared_memory_region": output_region, "shared_memory_byte_size": out_size}}]}
+
+    steps = [
+        ("shm register in", "POST", base + "/region/in/register", {"key": SHM_IN, "offset": 0, "byte_size": 16}),
+        ("shm register in again", "POST", base + "/region/in/register", {"key": SHM_IN, "offset": 0, "byte_size": 16}),
+        ("shm register out", "POST", base + "/region/out/register", {"key": SHM_OUT, "offset": 0, "byte_size": 64}),
+        ("shm register past the end", "POST", base + "/region/far/register", {"key": SHM_OUT, "offset": 100, "byte_size": 16}),
+        ("shm register no key", "POST", base + "/region/nokey/register", {"offset": 0, "byte_size": 16}),
+        ("shm status after register", "GET", base + "/status", None),
+        ("shm status of in", "GET", base + "/region/in/status", None),
+        ("shm infer", "POST", M + "/infer", infer("in", "out")),
+        ("shm infer input larger than region", "POST", M + "/infer", infer("in", "out", in_size=32)),
+        ("shm infer input offset past region", "POST", M + "/infer", infer("in", "out", in_offset=8)),
+        ("shm infer output region too small", "POST", M + "/infer", infer("in", "out", out_size=8)),
+        ("shm infer unknown region", "POST", M + "/infer", infer("nope", "out")),
+        ("shm unregister in", "POST", base + "/region/in/unregister", None),
+        ("shm infer after unregister", "POST", M + "/infer", infer("in", "out")),
+        ("shm unregister all", "POST", base + "/unregister", None),
+        ("shm status after unregister", "GET", base + "/status", None),
+    ]
+    for name, method, path, body in steps:
+        out[name] = http_call(http_port, method, path, body)
+        if "infer" in name:
+            out[name + ": region"] = region_bytes()
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    request = grpc_request(raw=())
+    request.inputs[0].parameters["shared_memory_region"].string_param = "gin"
+    request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 16
+    wanted = request.outputs.add(name="OUTPUT0")
+    wanted.parameters["shared_memory_region"].string_param = "gout"
+    wanted.parameters["shared_memory_byte_size"].int64_param = 16
+    calls = [
+        ("grpc shm register in", "SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(
+            name="gin", key=SHM_IN, byte_size=16)),
+        ("grpc shm register in again", "SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(
+            name="gin", key=SHM_IN, byte_size=16)),
+        ("grpc shm register out", "SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(
+            name="gout", key=SHM_OUT, byte_size=64)),
+        ("grpc shm status", "SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest()),
+        ("grpc shm register unaligned offset", "SystemSharedMemoryRegister",
+         pb.SystemSharedMemoryRegisterRequest(name="gmid", key=SHM_OUT, offset=16, byte_size=48)),
+        ("grpc shm infer", "ModelInfer", request),
+        ("grpc shm unregister all", "SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest()),
+        ("grpc shm infer after unregister", "ModelInfer", request),
+    ]
+    for name, method, message in calls:
+        out[name] = grpc_answer(stub, method, message)
+        if "infer" in name:
+            out[name + ": region"] = region_bytes()
+    channel.close()
+    return out
 
 
 def grpc_request(model="identity_fp32", version="", name="INPUT0", datatype="FP32", shape=(1, 4), raw=(F4,),
@@ -313,6 +464,9 @@ def answers(ports):
     out = {}
     for name, case in http_cases().items():
         out[name] = http_call(http_port, *case)
+    for name, case in header_cases().items():
+        out[name] = http_headers(http_port, *case)
+    out.update(shm_answers(http_port, grpc_port))
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
     for name, (method, request) in grpc_cases().items():
@@ -320,6 +474,10 @@ def answers(ports):
     for name, (requests, metadata) in stream_cases().items():
         out[name] = stream_answer(channel, requests, metadata)
     channel.close()
+    for model in ("identity_fp32", "ens_identity2", "repeat", "accumulate", "bls_faults"):
+        answer = http_call(http_port, "GET", f"/v2/models/{model}/stats")
+        out[f"stats shape {model}"] = (answer[0], shape_of(answer[1])) if isinstance(answer, tuple) else answer
+        out[f"grpc stats shape {model}"] = grpc_stats(grpc_port, model)
     index = http_call(http_port, "POST", "/v2/repository/index", {})
     out["index"] = index
     for entry in index[1] if isinstance(index, tuple) and isinstance(index[1], list) else []:
@@ -327,6 +485,34 @@ def answers(ports):
         out[f"config {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}/config")
     out["metrics"] = metric_families(metrics_port)
     return out
+
+
+def grpc_stats(port, model):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            reply = stub.ModelStatistics(pb.ModelStatisticsRequest(name=model), timeout=30)
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+    # Zeros printed: which counts are zero depends on what the battery did before.
+    return shape_of(json_format.MessageToDict(reply, preserving_proto_field_name=True,
+                                              always_print_fields_with_no_presence=True))
+
+
+def shape_of(answer):
+    """An answer's structure without the values that depend on time and load: numbers become
+    0, and a list keeps the shape of its first item (batch sizes seen vary from run to run)."""
+    if isinstance(answer, bool):
+        return answer
+    if isinstance(answer, (int, float)):
+        return 0
+    if isinstance(answer, str) and answer.isdigit():
+        return "0"  # MessageToDict writes 64-bit integers as strings
+    if isinstance(answer, dict):
+        return {key: shape_of(value) for key, value in answer.items()}
+    if isinstance(answer, list):
+        return [shape_of(answer[0])] if answer else []
+    return answer
 
 
 def reworded(answer):
