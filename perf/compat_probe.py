@@ -8,13 +8,20 @@ message, or the reply), ModelStreamInfer streams, sequences over HTTP, the fault
 models (model_faults, stream_faults), failed BLS calls (bls_faults), ensembles and a faulty
 step (ens_faults), system shared memory over both protocols, the response headers a client
 reads, the metadata and config of every model, the repository index, and the metric families
-(names, types and label keys; not values). Answers that depend on time or load (statistics
-values, durations) are not compared. KNOWN lists the differences kept on purpose, each with
+(names, types and label keys; not values). Then both servers start again in explicit model
+control, on a copy of the repository, for a sequence of loads (unknown models, config
+overrides good and bad, model files), unloads (with dependents), indexes, and requests to
+models not loaded. Answers that depend on time or load (statistics values, durations) are not
+compared. KNOWN lists the differences kept on purpose, each with
 its reason (mostly where ../shared/reference states a behaviour that Triton 2.51 does not
 have, or where Triton's answer is a fault of its own); any other difference makes the exit
 status 1.
 """
 import argparse
+import base64
+import contextlib
+import os
+import shutil
 import http.client
 import json
 import re
@@ -60,6 +67,12 @@ KNOWN = {
     "headers ready": "Triton labels an empty body text/plain; shmserve sends no Content-Type for it",
     "headers unknown path": "Triton labels its JSON error body text/plain",
     "shm register past the end": "the reference: INVALID_ARG for a region beyond the object (Triton 2.51: 500 'Invalid shared memory region')",
+    "explicit model ready before load": "as 'ready unknown model'",
+    "explicit load not json config": "Triton 2.51: 500 'failed to poll from model repository', the reason only in its log; shmserve: 400 with the reason",
+    "grpc explicit load bad config": "as 'explicit load not json config' (INTERNAL / INVALID_ARGUMENT)",
+    "explicit load config of another name": "as 'explicit load not json config'",
+    "explicit load file without config": "as 'explicit load not json config'",
+    "explicit infer with loaded files": "Triton 2.51 accepts the model.py sent with the load, yet runs the repository's (identity); shmserve runs the one sent (doubling)",
     "grpc shm register unaligned offset": "Triton mmaps the offset, which must be page-aligned (the reference); shmserve takes any offset",
     "metrics": "shmserve_ histograms Triton lacks; no pinned memory pool; nv_model_load_duration_secs newer than 2.51",
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
@@ -75,8 +88,8 @@ REWORDED = (
 TRITON_PARSE_500 = re.compile(r"^(Unable to parse|failed to parse the request JSON buffer|attempt to access JSON)")
 
 
-def http_call(port, method, path, body=None, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+def http_call(port, method, path, body=None, headers=None, timeout=10):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
     try:
@@ -84,7 +97,7 @@ def http_call(port, method, path, body=None, headers=None):
         resp = conn.getresponse()
         data = resp.read()
     except TimeoutError:
-        return "no answer within 10 s"
+        return f"no answer within {timeout} s"
     finally:
         conn.close()
     try:
@@ -487,6 +500,114 @@ def answers(ports):
     return out
 
 
+def management_cases():
+    """Model control in explicit mode, in order: (name, how to ask). Nothing is loaded at
+    start; each case sees what the ones before it loaded and unloaded."""
+    repo = "/v2/repository"
+    infer_id = ("POST", M + "/infer", {"inputs": [inp()]})
+    doubled = base64.b64encode(DOUBLING_MODEL.encode()).decode()
+    override = json.dumps({"name": "identity_fp32", "backend": "python", "max_batch_size": 8,
+                           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    grpc_load = lambda name, **params: ("grpc", "RepositoryModelLoad", _load_request(name, params))
+    return [
+        ("explicit index at start", ("POST", repo + "/index", {})),
+        ("explicit ready index at start", ("POST", repo + "/index", {"ready": True})),
+        ("explicit infer before load", infer_id),
+        ("explicit metadata before load", ("GET", M)),
+        ("explicit model ready before load", ("GET", M + "/ready")),
+        ("explicit load unknown", ("POST", repo + "/models/nope/load", {})),
+        ("explicit load", ("POST", repo + "/models/identity_fp32/load", {})),
+        ("explicit infer after load", infer_id),
+        ("explicit index after load", ("POST", repo + "/index", {"ready": True})),
+        ("explicit load not json config", ("POST", repo + "/models/identity_fp32/load",
+                                           {"parameters": {"config": "{nope"}})),
+        ("explicit load config of another name", ("POST", repo + "/models/identity_fp32/load", {
+            "parameters": {"config": json.dumps({"name": "other", "backend": "python"})}})),
+        ("explicit load config override", ("POST", repo + "/models/identity_fp32/load",
+                                           {"parameters": {"config": override}})),
+        ("explicit config after override", ("GET", M + "/config")),
+        ("explicit load file without config", ("POST", repo + "/models/identity_fp32/load",
+                                               {"parameters": {"file:1/model.py": doubled}})),
+        ("explicit load files", ("POST", repo + "/models/identity_fp32/load", {
+            "parameters": {"config": override, "file:1/model.py": doubled}})),
+        ("explicit infer with loaded files", infer_id),
+        ("explicit unload", ("POST", repo + "/models/identity_fp32/unload", {})),
+        ("explicit unload again", ("POST", repo + "/models/identity_fp32/unload", {})),
+        ("explicit unload unknown", ("POST", repo + "/models/nope/unload", {})),
+        ("explicit index after unload", ("POST", repo + "/index", {})),
+        ("explicit infer after unload", infer_id),
+        ("explicit model ready after unload", ("GET", M + "/ready")),
+        ("explicit load ensemble", ("POST", repo + "/models/ens_identity2/load", {})),
+        ("explicit index with ensemble", ("POST", repo + "/index", {"ready": True})),
+        ("explicit unload a step of a loaded ensemble", ("POST", repo + "/models/identity_fp32/unload", {})),
+        ("explicit ensemble without its step", ("POST", "/v2/models/ens_identity2/infer", {"inputs": [
+            {"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})),
+        ("explicit load ensemble again", ("POST", repo + "/models/ens_identity2/load", {})),
+        ("explicit unload ensemble and dependents", ("POST", repo + "/models/ens_identity2/unload",
+                                                     {"parameters": {"unload_dependents": True}})),
+        ("explicit index after unload with dependents", ("POST", repo + "/index", {})),
+        ("explicit load BLS caller alone", ("POST", repo + "/models/bls_faults/load", {})),
+        ("explicit BLS to an unloaded model", ("POST", "/v2/models/bls_faults/infer", {"inputs": [
+            {"name": "MODE", "shape": [1], "datatype": "INT32", "data": [0]}]})),
+        ("grpc explicit load unknown", grpc_load("nope")),
+        ("grpc explicit load bad config", grpc_load("identity_fp32", config="{nope")),
+        ("grpc explicit load", grpc_load("identity_fp32")),
+        ("grpc explicit index", ("grpc", "RepositoryIndex", pb.RepositoryIndexRequest())),
+        ("grpc explicit unload unknown", ("grpc", "RepositoryModelUnload",
+                                          pb.RepositoryModelUnloadRequest(model_name="nope"))),
+        ("grpc explicit unload", ("grpc", "RepositoryModelUnload",
+                                  pb.RepositoryModelUnloadRequest(model_name="identity_fp32"))),
+        ("grpc explicit ready index", ("grpc", "RepositoryIndex", pb.RepositoryIndexRequest(ready=True))),
+    ]
+
+
+# What `explicit load files` sends as 1/model.py: OUTPUT0 = 2 * INPUT0.
+DOUBLING_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", 2 * pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+
+
+def _load_request(name, params):
+    request = pb.RepositoryModelLoadRequest(model_name=name)
+    for key, value in params.items():
+        request.parameters[key].string_param = value
+    return request
+
+
+def management_answers(ports):
+    http_port, grpc_port, _ = ports
+    out = {}
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for name, case in management_cases():
+            if case[0] == "grpc":
+                out[name] = grpc_answer(stub, case[1], case[2])
+            else:  # loads wait for the model's instances to start: slow on a busy machine
+                if "index after" in name:
+                    settle(http_port)
+                out[name] = http_call(http_port, *case, timeout=120)
+    return out
+
+
+def settle(http_port, timeout_s=60):
+    """Wait until no model is loading or unloading (an unload answers before it is done, and
+    how long it takes is no part of the comparison)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        index = http_call(http_port, "POST", "/v2/repository/index", {})
+        if not (isinstance(index, tuple) and isinstance(index[1], list)) or not any(
+                entry.get("state") in ("LOADING", "UNLOADING") for entry in index[1]):
+            return
+        time.sleep(0.2)
+
+
 def grpc_stats(port, model):
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -538,6 +659,23 @@ def differs(triton, shmserve) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def extra_args(flags: str):
+    """Both servers started inside get `flags` (the anchors' TRITON_EXTRA_ARGS, shmserve's
+    SHMSERVE_EXTRA_ARGS)."""
+    saved = {key: os.environ.get(key) for key in ("TRITON_EXTRA_ARGS", "SHMSERVE_EXTRA_ARGS")}
+    for key, value in saved.items():
+        os.environ[key] = f"{value or ''} {flags}".strip()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_server_arguments(ap)
@@ -553,6 +691,20 @@ def main() -> int:
         shmserve.start()
         theirs = answers(triton.ports)
         ours = answers(shmserve.ports)
+        for server in (shmserve, triton):
+            server.stop()
+        # Again in explicit model control, on a copy of the repository (loads with files
+        # must not write into it, but a bug might).
+        explicit = log_dir / "explicit_repo"
+        shutil.copytree(repo, explicit, ignore=shutil.ignore_patterns("__pycache__"))
+        triton = TritonServer(args.anchors, anchors_env(args.anchors), explicit,
+                              log_dir / "triton_explicit.log")
+        shmserve = ShmServer(explicit, tuple(args.shmserve_ports), log_dir / "shmserve_explicit.log")
+        with extra_args("--model-control-mode=explicit"):
+            triton.start()
+            shmserve.start()
+        theirs.update(management_answers(triton.ports))
+        ours.update(management_answers(shmserve.ports))
     except (ServerError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 1
