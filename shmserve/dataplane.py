@@ -183,7 +183,11 @@ class DataPlane:
                 continue
             if rec.reason and not rec.versions:
                 if not ready_only:
-                    out.append({"name": rec.name, "state": "UNAVAILABLE", "reason": rec.reason})
+                    out.extend({"name": rec.name, "version": str(version), "state": "UNAVAILABLE",
+                                "reason": rec.reason} for version in rec.reason_versions)
+                    if not rec.reason_versions:
+                        out.append({"name": rec.name, "state": "UNAVAILABLE",
+                                    "reason": rec.reason})
                 continue
             for mv in sorted(rec.versions.values(), key=lambda v: v.version):
                 if ready_only and not mv.ready:

@@ -46,6 +46,19 @@ class ModelError(ServerError):
     it: Triton's Python backend words the two differently to a model calling another."""
 
 
+# How Triton's Status prints each code ("Invalid argument: ...").
+_CODE_WORDS = {Code.UNKNOWN: "Unknown", Code.INTERNAL: "Internal", Code.NOT_FOUND: "Not found",
+               Code.INVALID_ARG: "Invalid argument", Code.UNAVAILABLE: "Unavailable",
+               Code.UNSUPPORTED: "Unsupported", Code.ALREADY_EXISTS: "Already exists",
+               Code.CANCELLED: "Cancelled"}
+
+
+def status_text(error: ServerError) -> str:
+    """The error as Triton prints a Status: its code in words, then its message (the
+    reason a model version failed to load, say)."""
+    return f"{_CODE_WORDS[error.code]}: {error.message}"
+
+
 def invalid_arg(message: str) -> ServerError:
     return ServerError(Code.INVALID_ARG, message)
 

@@ -53,6 +53,9 @@ class ModelRecord:
     versions: dict = field(default_factory=dict)  # int -> ModelVersion
     # Why the model as a whole could not load (a bad config, say); "" when it did.
     reason: str = ""
+    # The versions `reason` applies to: a config that does not validate fails the versions
+    # its policy selects (Triton lists them); () for a model-wide failure.
+    reason_versions: tuple = ()
 
 
 class Registry:

@@ -72,7 +72,7 @@ def main(argv: list) -> int:
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
     from shmserve.ipc.shm import Segment
-    from workers.runner import ModelRunner
+    from workers.runner import ModelRunner, RunnerError
 
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
@@ -114,7 +114,9 @@ def main(argv: list) -> int:
         from workers.loop import WorkerLoop
         loop = WorkerLoop(channel, reader, runner, init)
     except Exception as exc:  # reported to the front, which marks the model unavailable
-        channel.send(messages.Ready(f"{type(exc).__name__}: {exc}"))
+        # A RunnerError's message is the whole story, in Triton's words.
+        channel.send(messages.Ready(str(exc) if isinstance(exc, RunnerError)
+                                    else f"{type(exc).__name__}: {exc}"))
         return 1
     # The model and its libraries live as long as the worker: out of the collector's sight,
     # full collections between batches scan only what requests leave behind.

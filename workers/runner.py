@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -208,23 +207,24 @@ class ModelRunner:
         if not os.path.isfile(path):
             raise RunnerError(f"Python model file not found in '{path}'")
 
+        # The messages of these failures are Triton's Python backend's: the exception, then
+        # the model's frames (none for an error found outside them).
         try:
             module = import_model(self._model_dir, version, stem)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
-            raise RunnerError(f"failed to import '{path}': {_describe(exc)}") from exc
+            raise RunnerError(_describe(exc)) from exc
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
-            raise RunnerError(f"'{path}' does not define class TritonPythonModel")
+            raise RunnerError(f"AttributeError: module '{module.__name__}' has no attribute "
+                              f"'TritonPythonModel'")
         try:
             self._model = model_class()
             if hasattr(self._model, "initialize"):
                 self._complete(self._model.initialize(self._initialize_args()))
         except Exception as exc:
             _log.exception("initialize failed for model instance '%s'", self._instance_name)
-            raise RunnerError(
-                f"Failed to initialize model instance '{self._instance_name}': {_describe(exc)}"
-            ) from exc
+            raise RunnerError(_describe(exc)) from exc
 
     def _initialize_args(self) -> dict:
         return {
@@ -460,21 +460,36 @@ def _import_model_module(version_dir: str, version: str, stem: str):
     spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
     spec.submodule_search_locations = [version_dir]
     sys.modules[version] = importlib.util.module_from_spec(spec)
-    return importlib.import_module(f"{version}.{stem}")
+    # The import statement's way in, not importlib.import_module: the interpreter then trims
+    # its own frames off a failed import's traceback, as in Triton's stub.
+    __import__(f"{version}.{stem}")
+    return sys.modules[f"{version}.{stem}"]
 
 
 def _describe(exc: BaseException) -> str:
-    """As Triton's Python backend words an exception from the model: its type and message,
-    then the model's frames, innermost first ("  file(line): function")."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if not frame.filename.startswith(_OWN_CODE)]  # <frozen importlib...> too
-    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    """As Triton's Python backend (pybind11) words an exception from the model: its type and
+    message, then the stack where it was raised, innermost first ("  file(line): function"),
+    up to the code that called into the model."""
+    # Innermost, the last frame that is not ours: pb_utils raising for a misuse is C++ in
+    # Triton, with no frame of its own.
+    frame, lineno = None, 0
+    tb = exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_OWN_CODE):
+            frame, lineno = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    lines = []
+    while frame is not None and not frame.f_code.co_filename.startswith(_OWN_CODE):
+        lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
+        frame = frame.f_back
+        lineno = frame.f_lineno if frame is not None else 0
+    where = "".join(lines)
     return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
 
 
 # Frames of the worker and of asyncio (which runs an async execute) are not the model's.
 _OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
-             os.path.dirname(asyncio.__file__) + os.sep, "<frozen ")
+             os.path.dirname(asyncio.__file__) + os.sep)
 
 
 def _error_response(code: str, message: str) -> RunnerResponse:

@@ -237,7 +237,7 @@ class WorkerHandle:
         error = await self._ready
         if error:
             await self._reap()
-            raise ServerError(Code.UNAVAILABLE, error)
+            raise ServerError(Code.INTERNAL, error)  # the model's failure, as in Triton
         self.alive = True
         self._running = True
 

@@ -24,7 +24,7 @@ from shmserve.config.render import config_to_json
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US, InstancePool
 from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
-from shmserve.errors import ServerError, invalid_arg
+from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.scan import select_versions
@@ -120,8 +120,10 @@ class Loader:
         its policy selects is ready) and the versions the registry no longer routes to."""
         rec = self.registry.record(entry.name)
         plan = None
+        read = None
         try:
-            config = await self._model_config(entry, config)
+            read = await self._read_config(entry, config)
+            config = self._normalize(read, entry.name)
             if config.platform == ENSEMBLE_PLATFORM:
                 plan = EnsemblePlan.build(config, functools.partial(self._step_config,
                                                                     entry.name))
@@ -129,10 +131,16 @@ class Loader:
                 config.model_transaction_policy.decoupled = plan.decoupled
         except ServerError as exc:
             log.error("model '%s' is unavailable: %s", entry.name, exc.message)
+            # A config that reads but does not validate fails each version the policy
+            # selects, as in Triton; one that does not read fails the model.
+            versions = (_policy_versions(read, entry)
+                        if read is not None and read.platform != ENSEMBLE_PLATFORM else ())
+            reason = status_text(exc) if versions else exc.message
             if not any(v.ready for v in rec.versions.values()):
-                rec.reason = exc.message
-            return exc.message, []
-        rec.reason = ""
+                rec.reason, rec.reason_versions = reason, versions
+            return (_version_failures((v, reason) for v in versions) if versions
+                    else exc.message), []
+        rec.reason, rec.reason_versions = "", ()
         to_load, missing = select_versions(config.version_policy, entry.versions)
         for v in missing:
             log.warning("model '%s' version %d is requested by its version policy but absent",
@@ -155,22 +163,26 @@ class Loader:
                 for i, mv in zip(failed, again):
                     loaded[i] = mv
         retired = _install(rec, loaded)
-        failures = [f"version {mv.version} is at UNAVAILABLE state: {mv.reason}"
-                    for mv in loaded if not mv.ready]
         if not loaded:
-            failures.append("no version is available")
-        return "; ".join(failures), retired
+            return (f"at least one version must be available under the version policy of "
+                    f"model '{entry.name}'"), retired
+        return _version_failures((mv.version, mv.reason) for mv in loaded
+                                 if not mv.ready), retired
 
-    async def _model_config(self, entry, config):
+    async def _read_config(self, entry, config):
+        """The model's config as given or read (and auto-completed), not yet validated."""
         if config is None:
             # Without auto-complete, Triton requires every model to have a config file.
             config = read_model_config(entry.path, self._config_name,
                                        autofill=self._auto_complete)
         if self._auto_complete:
             config = await complete_model_config(entry, config)
+        return config
+
+    def _normalize(self, config, name: str):
         if self._gpus == 0:
-            _run_gpu_groups_on_cpu(config, entry.name)
-        return normalize_config(config, entry.name, self._gpus)
+            _run_gpu_groups_on_cpu(config, name)
+        return normalize_config(config, name, self._gpus)
 
     def _step_config(self, ensemble: str, name: str, version: int):
         """The config of the model an ensemble step uses, in Triton's words when it has no
@@ -223,7 +235,7 @@ class Loader:
             mv.labels = read_labels(entry.path, config)
         except ServerError as exc:
             mv.state = reg.UNAVAILABLE
-            mv.reason = exc.message
+            mv.reason = status_text(exc)
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return mv
         workers = []
@@ -263,7 +275,8 @@ class Loader:
             await asyncio.gather(*(w.stop() for w in workers))
             err = errors[0]
             mv.state = reg.UNAVAILABLE
-            mv.reason = err.message if isinstance(err, ServerError) else f"{type(err).__name__}: {err}"
+            mv.reason = (status_text(err) if isinstance(err, ServerError)
+                         else f"Internal: {type(err).__name__}: {err}")
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return mv
         mv.pool = pool
@@ -346,3 +359,19 @@ def _kind_name(group) -> str:
     fd = group.DESCRIPTOR.fields_by_name["kind"]
     name = fd.enum_type.values_by_number[group.kind].name
     return "GPU" if name == "KIND_GPU" else "CPU"
+
+
+def _policy_versions(config, entry) -> tuple:
+    """The versions of `entry` that the version policy of `config` (not validated) selects;
+    Triton's default policy is the latest one."""
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") is None:
+        policy = proto.ModelVersionPolicy()
+        policy.latest.num_versions = 1
+    return tuple(select_versions(policy, entry.versions)[0])
+
+
+def _version_failures(failures) -> str:
+    """Why versions failed to load, as Triton's load error lists them: "" when none did."""
+    return "".join(f"version {version} is at UNAVAILABLE state: {reason};"
+                   for version, reason in failures)

@@ -302,7 +302,12 @@ def test_model_that_raises_in_initialize_is_unavailable_with_its_message(srv, ht
     base = Baseline(srv)
     index = {m["name"]: m for m in http.get_model_repository_index()}
     assert index["fault_init_raises"]["state"] == "UNAVAILABLE"
-    assert "fault_init_raises refuses to initialize" in index["fault_init_raises"]["reason"]
+    # Triton's words: the status, the Python error, the model's frame.
+    head, frames = index["fault_init_raises"]["reason"].split("\n\nAt:\n")
+    assert head == "Internal: RuntimeError: fault_init_raises refuses to initialize"
+    assert frames.startswith("  /") and frames.endswith(
+        os.path.join("fault_init_raises", "1", "model.py") + "(5): initialize\n")
+    assert frames.count("\n") == 1
     with pytest.raises(InferenceServerException) as e:
         http.infer("fault_init_raises", [_input(httpclient, "INPUT0", np.ones(1, np.float32))])
     assert "fault_init_raises" in e.value.message()
@@ -501,8 +506,9 @@ def test_no_space_for_arenas_makes_the_model_unavailable(tmp_path_factory, monke
             assert _segments(me) == 4  # add_sub's input, output, BLS and request-table segments
             rec = server.registry.models["identity_fp32"]
             reason = rec.versions[1].reason
-            assert reason == ("cannot start model instance 'identity_fp32_0_0': cannot create its "
-                              "shared memory: [Errno 28] No space left on device")
+            assert reason == ("Unavailable: cannot start model instance 'identity_fp32_0_0': "
+                              "cannot create its shared memory: [Errno 28] No space left on "
+                              "device")
             assert (await _add_sub(server)) == [0, 2, 4, 6]
             # A restart that finds no space keeps retrying, and the model comes back once
             # there is room again.

@@ -236,6 +236,24 @@ def test_file_upload_over_grpc_then_http(explicit):
                what="upload directories removed")
 
 
+def test_a_config_that_does_not_validate_fails_its_versions_as_in_triton(explicit):
+    server, repo, http, _ = explicit
+    add_model(repo, "invalid", versions=(1, 2, 3))
+    config = json.loads(config_json("invalid", 1.0, policy={"specific": {"versions": [1, 3]}}))
+    config["output"][1]["dims"] = [-2]
+    status, body = post(server, "/v2/repository/models/invalid/load",
+                        {"parameters": {"config": json.dumps(config)}})
+    why = ("Invalid argument: model output 'VERSION' dimension must be integer >= 1, or -1 to "
+           "indicate a variable-size dimension for invalid")
+    # Each version the policy selects fails, in Triton's words.
+    assert (status, body["error"]) == (
+        400, f"load failed for model 'invalid': version 1 is at UNAVAILABLE state: {why};"
+             f"version 3 is at UNAVAILABLE state: {why};\n")
+    index = [m for m in http.get_model_repository_index() if m["name"] == "invalid"]
+    assert index == [{"name": "invalid", "version": str(v), "state": "UNAVAILABLE",
+                      "reason": why} for v in (1, 3)]
+
+
 def test_files_without_config_are_refused(explicit):
     server, _, _, _ = explicit
     status, body = post(server, "/v2/repository/models/scale/load", {"parameters": {
