@@ -556,6 +556,13 @@ def management_cases():
         *((f"explicit load {name}", ("POST", f"{repo}/models/{name}/load", {}))
           for name in BROKEN_MODELS if name not in LOADED_LAST),
         *((f"explicit ready {name}", ("GET", f"/v2/models/{name}/ready")) for name in BROKEN_MODELS),
+        *((f"explicit {what} {name}", (method, f"/v2/models/{name}{path}", body))
+          for name in ("init_raises", "bad_dims")
+          for what, method, path, body in (
+              ("metadata", "GET", "", None), ("config", "GET", "/config", None),
+              ("stats", "GET", "/stats", None),
+              ("infer", "POST", "/infer", {"inputs": [
+                  {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}))),
         ("explicit index after broken loads", ("POST", repo + "/index", {})),
         ("grpc explicit load unknown", grpc_load("nope")),
         ("grpc explicit load bad config", grpc_load("identity_fp32", config="{nope")),

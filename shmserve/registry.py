@@ -75,6 +75,13 @@ class Registry:
         """
         mv = self.find(name, version)
         if mv is None:
+            failed = self.models[name].reason_versions  # its config did not validate
+            if failed and version in ("", "-1"):
+                raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' has no "
+                                                  f"available versions")
+            if failed and version.isdigit() and int(version) in failed:
+                raise ServerError(Code.UNAVAILABLE, f"Request for unknown model: '{name}' "
+                                                    f"version {version} is not at ready state")
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if not mv.ready:
             if mv.state == READY:  # loaded, but every instance is restarting
@@ -87,7 +94,7 @@ class Registry:
 
     def find(self, name: str, version: str = "") -> Optional[ModelVersion]:
         """The version addressed, ready or not; None for a known model without versions
-        (one whose config could not be read)."""
+        (one whose config could not be read or did not validate)."""
         rec = self.models.get(name)
         if rec is None:
             raise ServerError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")

@@ -252,6 +252,12 @@ def test_a_config_that_does_not_validate_fails_its_versions_as_in_triton(explici
     index = [m for m in http.get_model_repository_index() if m["name"] == "invalid"]
     assert index == [{"name": "invalid", "version": str(v), "state": "UNAVAILABLE",
                       "reason": why} for v in (1, 3)]
+    for version, message in (
+            ("", "Request for unknown model: 'invalid' has no available versions"),
+            ("3", "Request for unknown model: 'invalid' version 3 is not at ready state")):
+        with pytest.raises(InferenceServerException) as refused:
+            infer(http, "invalid", version)
+        assert refused.value.message() == message
 
 
 def test_files_without_config_are_refused(explicit):
