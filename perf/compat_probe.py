@@ -63,6 +63,7 @@ KNOWN = {
     "config ens_identity2": "the reference's model_config has ensemble_scheduling.max_inflight_requests, Triton 2.51's has not",
     "config ens_identity4": "as ens_identity2",
     "config ens_faults": "as ens_identity2",
+    "config ens_repeat": "as ens_identity2",
     "ensemble fault 0": "the same outputs in another order: Triton's ensemble lists them in its hash table's order",
     "headers ready": "Triton labels an empty body text/plain; shmserve sends no Content-Type for it",
     "headers unknown path": "Triton labels its JSON error body text/plain",
@@ -427,6 +428,14 @@ def stream_cases():
         "stream empty final response": ([repeat(request_id="e", params=final)], None),
         "stream no responses": ([repeat(0, request_id="z", params=final)], None),
         "stream triton_grpc_error": ([repeat(1, model="nope"), repeat(1)], (("triton_grpc_error", "true"),)),
+        # A decoupled ensemble (ens_repeat: one step, repeat).
+        "stream ensemble": ([repeat(3, model="ens_repeat", request_id="en")], None),
+        "stream ensemble empty final response": ([repeat(2, model="ens_repeat", request_id="ef",
+                                                         params=final)], None),
+        "stream ensemble no responses": ([repeat(0, model="ens_repeat", request_id="e0",
+                                                 params=final)], None),
+        "stream ensemble sequence fields": ([repeat(1, model="ens_repeat", request_id="es",
+                                                    params={"sequence_id": 7, "sequence_start": True})], None),
         # stream_faults: what a decoupled Python model can do wrong; then a good request.
         **{f"stream fault {mode}": ([
             grpc_request(model="stream_faults", name="MODE", datatype="INT32", shape=(1,),
@@ -750,12 +759,18 @@ def remove_triton_leftovers(before: set) -> None:
 
 
 def shown_difference(triton, shmserve) -> list:
-    """Two lines, one per server: the answers, or of two lists (an index) the items only one
-    has."""
+    """Two lines, one per server: the answers; of two lists (an index) the items only one
+    has, of two objects (a config) the keys whose values differ."""
     if (isinstance(triton, tuple) and isinstance(shmserve, tuple) and len(triton) == len(shmserve) == 2
-            and isinstance(triton[1], list) and isinstance(shmserve[1], list)):
-        triton, shmserve = ((triton[0], [item for item in triton[1] if item not in shmserve[1]]),
-                            (shmserve[0], [item for item in shmserve[1] if item not in triton[1]]))
+            and type(triton[1]) is type(shmserve[1])):
+        theirs, ours = triton[1], shmserve[1]
+        if isinstance(theirs, list):
+            triton, shmserve = ((triton[0], [item for item in theirs if item not in ours]),
+                                (shmserve[0], [item for item in ours if item not in theirs]))
+        elif isinstance(theirs, dict):
+            keys = [key for key in theirs.keys() | ours.keys() if theirs.get(key) != ours.get(key)]
+            triton, shmserve = ((triton[0], {key: theirs.get(key) for key in keys}),
+                                (shmserve[0], {key: ours.get(key) for key in keys}))
     return [f"  triton   {str(triton)[:600]}", f"  shmserve {str(shmserve)[:600]}"]
 
 
