@@ -574,6 +574,11 @@ def management_cases():
                   {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}))),
         ("explicit index after broken loads", ("POST", repo + "/index", {})),
         ("grpc explicit load unknown", grpc_load("nope")),
+        ("grpc explicit load init_raises", grpc_load("init_raises")),
+        ("grpc explicit load bad_dims", grpc_load("bad_dims")),
+        ("grpc explicit metadata init_raises", ("grpc", "ModelMetadata", pb.ModelMetadataRequest(name="init_raises"))),
+        ("grpc explicit infer bad_dims", ("grpc", "ModelInfer", grpc_request(
+            model="bad_dims", name="IN", datatype="INT32", shape=(1,), raw=(struct.pack("<i", 1),)))),
         ("grpc explicit load bad config", grpc_load("identity_fp32", config="{nope")),
         ("grpc explicit load", grpc_load("identity_fp32")),
         ("grpc explicit index", ("grpc", "RepositoryIndex", pb.RepositoryIndexRequest())),
