@@ -15,7 +15,7 @@ from shmserve import __version__, eager, logs
 from shmserve.classification import classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
-from shmserve.errors import Code, ModelError, ReadError, Refused, ServerError
+from shmserve.errors import Code, ReadError, Refused, ServerError
 from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
                                 StreamedResponse)
 from shmserve.ipc import datatypes
@@ -511,9 +511,7 @@ class DataPlane:
             if response.error is not None:
                 stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
                 _log_failure(logging.WARNING, mv, work.request_id, response.error)
-                error = response.error
-                raise error if isinstance(error, ModelError) else ModelError(error.code,
-                                                                             error.message)
+                raise response.error
             request_ns = time.perf_counter_ns() - started
             stats.record_success(batch_size=batch_size, request_ns=request_ns,
                                  queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 from shmserve import logs
 from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.dispatch.front_spin import FrontSpin
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ModelError, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
@@ -97,7 +97,7 @@ class WorkOutput:
 
 @dataclass(slots=True)
 class WorkResponse:
-    error: Optional[ServerError]
+    error: Optional[ModelError]
     outputs: list = field(default_factory=list)
     parameters: dict = field(default_factory=dict)
     # Hands the output-arena slots back once the outputs are copied out; None if none.
@@ -516,7 +516,7 @@ class WorkerHandle:
     def _response(self, frame: messages.ResponseFrame) -> WorkResponse:
         if frame.error is not None:
             code, text = frame.error
-            return WorkResponse(ServerError(_code(code), text), parameters=frame.parameters)
+            return WorkResponse(ModelError(_code(code), text), parameters=frame.parameters)
         outputs = []
         slots = []
         for t in frame.outputs:
@@ -648,9 +648,9 @@ class WorkerHandle:
     def _fail_pending(self, why: str) -> None:
         if self._readiness is not None and not self._readiness.done():
             self._readiness.set_result(False)
-        error = ServerError(Code.INTERNAL, f"Failed to process the request(s) for model instance "
-                                           f"'{self.instance_name}', message: the instance's "
-                                           f"process {why}")
+        error = ModelError(Code.INTERNAL, f"Failed to process the request(s) for model instance "
+                                          f"'{self.instance_name}', message: the instance's "
+                                          f"process {why}")
         self._received.clear()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
