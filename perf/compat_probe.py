@@ -54,7 +54,6 @@ KNOWN = {
     "grpc two raw contents for one input": "Triton 2.51 ignores the extra raw_input_contents entry",
     "stream triton_grpc_error": "the reference: the first error ends the stream (Triton 2.51 goes on)",
     "generate decoupled model": "Triton 2.51 answers 200 with an error body; shmserve 500",
-    "generate_stream key order": "the same JSON object, keys in another order",
     "shm register missing key": "same status; shmserve adds the OS's reason",
     "grpc shm register missing key": "same status; shmserve adds the OS's reason",
     "grpc cuda register short handle": "same status; shmserve says what is wrong with the handle",
@@ -231,6 +230,12 @@ def http_cases():
         "ensemble inner tensor as output": ("POST", ens, {"inputs": [ens_in], "outputs": [{"name": "MID1"}]}),
         "ensemble binary output": ("POST", ens, {"inputs": [ens_in], "outputs": [
             {"name": "OUTPUT", "parameters": {"binary_data": True}}]}),
+        "generate ensemble": ("POST", "/v2/models/ens_faults/generate", {"MODE": [0]}),
+        "generate ensemble whose step raises": ("POST", "/v2/models/ens_faults/generate", {"MODE": [1]}),
+        "generate_stream decoupled ensemble": ("POST", "/v2/models/ens_repeat/generate_stream", {"IN": [4, 5]}),
+        **{f"generate model fault {mode}": ("POST", "/v2/models/model_faults/generate", {"MODE": [mode]})
+           for mode in (1, 3, 4, 5, 11)},
+        "generate_stream model fault 1": ("POST", "/v2/models/model_faults/generate_stream", {"MODE": [1]}),
     })
     return cases
 
@@ -432,6 +437,8 @@ def stream_cases():
         "stream ensemble": ([repeat(3, model="ens_repeat", request_id="en")], None),
         "stream ensemble empty final response": ([repeat(2, model="ens_repeat", request_id="ef",
                                                          params=final)], None),
+        "stream ensemble unknown input, then on": ([repeat(1, model="ens_repeat", name="X", request_id="x"),
+                                                    repeat(1, model="ens_repeat", request_id="y")], None),
         "stream ensemble no responses": ([repeat(0, model="ens_repeat", request_id="e0",
                                                  params=final)], None),
         "stream ensemble sequence fields": ([repeat(1, model="ens_repeat", request_id="es",

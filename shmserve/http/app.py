@@ -16,7 +16,7 @@ import orjson
 
 from shmserve import header_forwarding, restricted_api
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ModelError, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
@@ -193,19 +193,22 @@ class HttpRoutes:
         infer_request = await self._generate_request(request)
         payload = None
         async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
-            async for item in responses:
-                if item.error is not None:
-                    raise item.error
-                if item.response is None:
-                    continue
-                try:
-                    if payload is not None:
-                        raise ServerError(Code.INTERNAL, "generate expects exactly one response "
-                                                         "from the model, which sent more: use "
-                                                         "generate_stream")
-                    payload = generate.encode_generate_response(item.response)
-                finally:
-                    item.response.done()
+            try:
+                async for item in responses:
+                    if item.error is not None:
+                        raise item.error
+                    if item.response is None:
+                        continue
+                    try:
+                        if payload is not None:
+                            raise ServerError(Code.INTERNAL, "generate expects exactly one "
+                                                             "response from the model, which "
+                                                             "sent more: use generate_stream")
+                        payload = generate.encode_generate_response(item.response)
+                    finally:
+                        item.response.done()
+            except ModelError as exc:  # Triton's generate: 400, whatever the model said
+                return error_response(400, exc.message)
         if payload is None:
             raise ServerError(Code.INTERNAL, "the model sent no response")
         return Response(200, payload, "application/json")
@@ -240,6 +243,9 @@ class HttpRoutes:
                         await stream.write(event)
             except ServerError as exc:
                 if stream is None:
+                    if isinstance(exc, ModelError):  # as Triton: 400, the error as an event
+                        return Response(400, generate.sse_error(exc.message),
+                                        headers=dict(SSE_HEADERS))
                     raise
                 await stream.write(generate.sse_error(exc.message))
         await stream.end()

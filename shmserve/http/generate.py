@@ -64,7 +64,8 @@ def encode_generate_response(response: InferResponse) -> bytes:
     for key, value in response.parameters.items():
         if key not in _RESPONSE_KEYS:
             doc.setdefault(key, value)
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    # Keys sorted, as Triton writes them.
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
 
 
 def sse_data(payload: bytes) -> bytes:

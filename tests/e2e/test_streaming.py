@@ -418,9 +418,18 @@ def test_generate_stream_refuses_a_bad_request_before_streaming(server, model, b
 
 
 def test_generate_stream_of_an_error_first_is_an_error_status(server):
+    # As Triton answers (perf/compat_probe.py): 400 whatever the model's code, and the error
+    # still as an event.
     r = httpx.post(http_url(server, "square", "generate_stream"), json={"IN": -1})
     assert r.status_code == 400
-    assert r.json() == {"error": "IN must not be negative, got -1"}
+    assert r.text == 'data: {"error":"IN must not be negative, got -1"}\n\n'
+
+
+def test_generate_answers_a_models_error_400_and_sorts_its_keys(server):
+    r = httpx.post(http_url(server, "square", "generate"), json={"IN": -1})
+    assert (r.status_code, r.json()) == (400, {"error": "IN must not be negative, got -1"})
+    r = httpx.post(http_url(server, "repeat", "generate_stream"), json={"IN": [7]})
+    assert r.text.startswith('data: {"IDX":0,"OUT":7,"model_name":"repeat","model_version":"1"')
 
 
 # -- cancellation reaches the model ------------------------------------------------------------
