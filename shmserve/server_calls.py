@@ -64,7 +64,10 @@ class ServerCalls:
         args = call.args
         try:
             if call.kind == "infer":
-                await self._infer(worker, call.call_id, args)
+                try:
+                    await self._infer(worker, call.call_id, args)
+                except ServerError as exc:
+                    worker.reply(_bls_error(call.call_id, args["model"], exc))
                 return
             if call.kind == "load":
                 await self.dp.load_model(args["model"], args.get("config") or None,
@@ -96,29 +99,22 @@ class ServerCalls:
             try:
                 response = await self.dp.infer(request)
             except DecoupledModel:
-                worker.reply(_bls_error(call_id, request.model_name, ServerError(
-                    Code.INVALID_ARG, _DECOUPLED_ONLY.format(request.model_name))))
-                return
-            except ServerError as exc:
-                worker.reply(_bls_error(call_id, request.model_name, exc))
-                return
+                raise ServerError(Code.INVALID_ARG,
+                                  _DECOUPLED_ONLY.format(request.model_name)) from None
             self._reply(worker, call_id, True, response)
             return
-        try:
-            async with contextlib.aclosing(self.dp.stream(request)) as responses:
-                async for item in responses:
-                    if item.response is not None:
-                        sent = self._reply(worker, call_id, item.final, item.response)
-                    else:
-                        frame = None
-                        if item.error is not None:
-                            frame = messages.ResponseFrame(
-                                [Code.INTERNAL.name, item.error.message], [])
-                        sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
-                    if not sent:
-                        return  # the caller is gone: leaving the iteration cancels it
-        except ServerError as exc:  # refused before any response
-            worker.reply(_bls_error(call_id, request.model_name, exc))
+        async with contextlib.aclosing(self.dp.stream(request)) as responses:
+            async for item in responses:
+                if item.response is not None:
+                    sent = self._reply(worker, call_id, item.final, item.response)
+                else:
+                    frame = None
+                    if item.error is not None:  # as every BLS error: INTERNAL
+                        frame = messages.ResponseFrame(
+                            [Code.INTERNAL.name, item.error.message], [])
+                    sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
+                if not sent:
+                    return  # the caller is gone: leaving the iteration cancels the request
 
     def _reply(self, worker, call_id: int, final: bool, response: InferResponse) -> bool:
         """Send a response; it is done() once the caller no longer needs its outputs."""
