@@ -86,6 +86,14 @@ def tree_cpu_seconds(root: int) -> float:
     return sum(int(stats[pid][11]) + int(stats[pid][12]) for pid in _tree(root, stats)) / CLK_TCK
 
 
+def host_steal_seconds() -> float:
+    """CPU time the hypervisor gave to others while this VM's CPUs wanted it ("steal" in
+    /proc/stat), summed over all CPUs; 0 where the kernel does not count it."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / CLK_TCK if len(fields) > 8 else 0.0
+
+
 def rss_kib(pid: int) -> int:
     """Resident memory of one process (VmRSS), KiB."""
     with open(f"/proc/{pid}/status") as f:
