@@ -57,6 +57,9 @@ async def _off_loop(fn, body, *args):
     return await asyncio.to_thread(fn, body, *args)
 
 
+_NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "
+                     "for model that generates various number of responses")
+
 class HttpRoutes:
     def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None):
         """`header_pattern`: headers whose names it matches become request parameters
@@ -189,7 +192,9 @@ class HttpRoutes:
 
 
     async def generate(self, request: Request):
-        """Exactly one response, as one JSON object."""
+        """Exactly one response, as one JSON object. A model that sends more, or none, gets
+        Triton 2.51's answer: status 200 (Triton has sent it by the time it counts them) and
+        an error as the body."""
         infer_request = await self._generate_request(request)
         payload = None
         async with contextlib.aclosing(self.dp.stream(infer_request)) as responses:
@@ -201,16 +206,14 @@ class HttpRoutes:
                         continue
                     try:
                         if payload is not None:
-                            raise ServerError(Code.INTERNAL, "generate expects exactly one "
-                                                             "response from the model, which "
-                                                             "sent more: use generate_stream")
+                            return error_response(200, _NOT_ONE_RESPONSE)
                         payload = generate.encode_generate_response(item.response)
                     finally:
                         item.response.done()
             except ModelError as exc:  # Triton's generate: 400, whatever the model said
                 return error_response(400, exc.message)
         if payload is None:
-            raise ServerError(Code.INTERNAL, "the model sent no response")
+            return error_response(200, _NOT_ONE_RESPONSE)
         return Response(200, payload, "application/json")
 
     async def generate_stream(self, request: Request):

@@ -378,10 +378,16 @@ def test_generate_returns_the_single_response(server):
     assert r.json() == {"id": "g1", "model_name": "square", "model_version": "1", "OUT": 1}
 
 
-def test_generate_refuses_more_than_one_response(server):
-    r = httpx.post(http_url(server, "square", "generate"), json={"IN": 2})
-    assert r.status_code == 500
-    assert "error" in r.json()
+@pytest.mark.parametrize("model, body", [("square", {"IN": 2}), ("repeat", {"IN": []})],
+                         ids=["two responses", "none"])
+def test_generate_answers_an_error_when_the_model_sends_other_than_one_response(server, model,
+                                                                                body):
+    r = httpx.post(http_url(server, model, "generate"), json=body)
+    # As Triton 2.51: 200, with the error as the body.
+    assert r.status_code == 200
+    assert r.json() == {"error": "generate expects model to produce exactly 1 response, use "
+                                 "generate stream for model that generates various number of "
+                                 "responses"}
 
 
 def test_generate_stream_sends_one_event_per_response(server):
