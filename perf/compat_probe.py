@@ -5,7 +5,8 @@ and to shmserve, both serving perf/triton_repo at once, and prints every answer 
 
 The battery: HTTP requests good and bad (status and body), gRPC unary calls (status code and
 message, or the reply), ModelStreamInfer streams, sequences over HTTP, the faults of Python
-models (model_faults, stream_faults), failed BLS calls (bls_faults), ensembles and a faulty
+models (model_faults, stream_faults), failed BLS calls (bls_faults), BLS calls from a decoupled
+model (bls_stream), ensembles and a faulty
 step (ens_faults), system shared memory over both protocols, the response headers a client
 reads, the metadata and config of every model, the repository index, and the metric families
 (names, types and label keys; not values). Then both servers start again in explicit model
@@ -53,7 +54,6 @@ KNOWN = {
     "infer br": "same status; shmserve's message names the encoding",
     "grpc two raw contents for one input": "Triton 2.51 ignores the extra raw_input_contents entry",
     "stream triton_grpc_error": "the reference: the first error ends the stream (Triton 2.51 goes on)",
-    "generate decoupled model": "Triton 2.51 answers 200 with an error body; shmserve 500",
     "shm register missing key": "same status; shmserve adds the OS's reason",
     "grpc shm register missing key": "same status; shmserve adds the OS's reason",
     "grpc cuda register short handle": "same status; shmserve says what is wrong with the handle",
@@ -180,6 +180,7 @@ def http_cases():
             {"name": "IN", "shape": [2], "datatype": "INT32", "data": [1, 2]}]}),
         "generate": ("POST", M + "/generate", {"INPUT0": [1, 2, 3, 4]}),
         "generate decoupled model": ("POST", "/v2/models/repeat/generate", {"IN": [1, 2]}),
+        "generate decoupled model sending none": ("POST", "/v2/models/repeat/generate", {"IN": []}),
         "generate_stream key order": ("POST", "/v2/models/repeat/generate_stream", {"IN": [1, 2]}),
         "generate not json": ("POST", M + "/generate", b"nope"),
         "shm status": ("GET", "/v2/systemsharedmemory/status"),
@@ -448,6 +449,11 @@ def stream_cases():
             grpc_request(model="stream_faults", name="MODE", datatype="INT32", shape=(1,),
                          raw=(struct.pack("<i", value),), params=final) for value in (mode, 0)], None)
            for mode in range(1, 9)},
+        # bls_stream: BLS calls from a decoupled model, forwarded, from a thread, awaited.
+        **{f"stream bls {mode}": ([
+            grpc_request(model="bls_stream", name="MODE", datatype="INT32", shape=(1,),
+                         raw=(struct.pack("<i", mode),), params=final)], None)
+           for mode in range(9)},
     }
 
 
@@ -468,11 +474,28 @@ def stream_answer(channel, requests, metadata):
         for reply in call(iter(requests), metadata=metadata, timeout=30):
             response = reply.infer_response
             answers.append(("error", reply.error_message) if reply.error_message else
-                           ("response", response.id, list(response.raw_output_contents),
+                           ("response", response.id, _contents(response),
                             sorted((k, str(v)) for k, v in response.parameters.items())))
     except grpc.RpcError as e:
         answers.append(("status", e.code().name, e.details()))
     return answers
+
+
+def _contents(response) -> list:
+    """Each output's raw bytes; a BYTES output's as its elements' text, so that REWORDED
+    applies to what a model wrote."""
+    contents = []
+    for output, raw in zip(response.outputs, response.raw_output_contents):
+        if output.datatype != "BYTES":
+            contents.append(raw)
+            continue
+        elements, pos = [], 0
+        while pos < len(raw):
+            size = struct.unpack_from("<I", raw, pos)[0]
+            elements.append(raw[pos + 4:pos + 4 + size].decode(errors="replace"))
+            pos += 4 + size
+        contents.append(elements)
+    return contents
 
 
 def metric_families(port):
