@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 
 import loadgen
 from pa_runner import measure
-from servers import add_server_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, host_steal_seconds, tree_cpu_seconds, fmt, ratio
+from servers import add_server_arguments, add_steal_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, fmt, ratio
 
 MODELS = ("identity_fp32", "identity_fp32_20ms")
 SHAPE = (1, 16)
@@ -81,20 +81,6 @@ def run_loadgen(server: Server, protocol: str, concurrency: int, args) -> dict:
     except (loadgen.LoadgenError, OSError) as e:
         return dict(error=str(e))
     return dict(vars(r), error=None)
-
-
-def measure_steady(run, max_steal: float, reruns: int) -> dict:
-    """run() with the host's steal over it in cores: on a shared VM the hypervisor may take a
-    third of the machine for minutes, and a measurement taken then says nothing about either
-    server. One whose steal passes max_steal is taken again, up to `reruns` times; the last is
-    kept, its steal shown."""
-    for attempt in range(reruns + 1):
-        steal0, t0 = host_steal_seconds(), time.monotonic()
-        figures = run()
-        steal = (host_steal_seconds() - steal0) / (time.monotonic() - t0)
-        if steal <= max_steal or figures.get("error"):
-            break
-    return dict(figures, steal_cores=round(steal, 3), steal_reruns=attempt)
 
 
 def measure_server(server: Server, cases, pa: tuple[str, str], out_dir: Path, rep: int, args,
@@ -265,11 +251,8 @@ def parse_args():
     ap.add_argument("--model", choices=MODELS, default=MODELS[0],
                     help="identity_fp32 (default), or identity_fp32_20ms: 20 ms a batch "
                          "(perf_analyzer only)")
-    ap.add_argument("--max-steal", type=float, default=0.1,
-                    help="cores the hypervisor may take during a measurement before it is taken again (default 0.1)")
-    ap.add_argument("--steal-reruns", type=int, default=2,
-                    help="how many times a measurement with too much steal is taken again (default 2)")
     add_server_arguments(ap)
+    add_steal_arguments(ap)
     args = ap.parse_args()
     if args.model != MODELS[0]:
         args.loadgen = False  # loadgen.py drives identity_fp32 only

@@ -25,7 +25,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from pa_runner import measure
-from servers import add_server_arguments, new_run, REPO_ROOT, Server, ServerError, ShmServer, tree_cpu_seconds, fmt, ratio
+from servers import (add_server_arguments, add_steal_arguments, measure_steady, new_run, REPO_ROOT, Server,
+                     ServerError, ShmServer, tree_cpu_seconds, fmt, ratio)
 
 MODEL = "repeat"
 RESPONSES = 100
@@ -136,17 +137,19 @@ def textgen(server: Server, concurrency: int, requests_each: int = 4) -> dict:
                 first_token_ms_max=max(firsts) if firsts else None, errors=errors)
 
 
-def run_one(server: Server, concurrencies, pa, out_dir: Path, data_file: Path, records: list) -> list[str]:
+def run_one(server: Server, concurrencies, pa, out_dir: Path, data_file: Path, records: list, args) -> list[str]:
     errors = []
     try:
         server.start()
         server.wait_model_ready(MODEL)
         for c in concurrencies:
             rec = dict(server=server.name, kind="perf_analyzer", concurrency=c,
-                       **run_perf_analyzer(server, c, pa, out_dir, data_file))
+                       **measure_steady(lambda: run_perf_analyzer(server, c, pa, out_dir, data_file),
+                                        args.max_steal, args.steal_reruns))
             print(json.dumps(rec), file=sys.stderr, flush=True)
             records.append(rec)
-        rec = dict(server=server.name, kind="latency", **stream_latency(server))
+        rec = dict(server=server.name, kind="latency",
+                   **measure_steady(lambda: stream_latency(server), args.max_steal, args.steal_reruns))
         print(json.dumps(rec), file=sys.stderr, flush=True)
         records.append(rec)
     except (ServerError, OSError, grpcclient.InferenceServerException, queue.Empty) as e:
@@ -181,15 +184,17 @@ def report(records: list, errors: list, concurrencies) -> str:
     pa = {(r["server"], r["concurrency"]): r for r in records if r["kind"] == "perf_analyzer"}
     lat = {r["server"]: r for r in records if r["kind"] == "latency"}
     lines = [f"## repeat, {RESPONSES} responses per request, gRPC stream (perf_analyzer --streaming)", "",
-             "| concurrency | Triton resp/s | shmserve resp/s | ratio (target ≥ 1.5) | Triton / shmserve server cores |",
-             "|---|---|---|---|---|"]
+             "| concurrency | Triton resp/s | shmserve resp/s | ratio (target ≥ 1.5) | Triton / shmserve server cores "
+             "| Triton / shmserve host steal cores |",
+             "|---|---|---|---|---|---|"]
     for c in concurrencies:
         t, s = pa.get(("triton", c), {}), pa.get(("shmserve", c), {})
         r = ratio(s.get("responses_per_s"), t.get("responses_per_s"))
         ok = "" if r is None else (" ✓" if r >= TARGET_MIN_RESPONSES else " ✗")
         lines.append(f"| {c} | {fmt(t.get('responses_per_s'), ',.0f')} | {fmt(s.get('responses_per_s'), ',.0f')} | "
                      f"{fmt(r, '.2f')}{ok} | {fmt(t.get('server_cpu_cores'), '.2f')} / "
-                     f"{fmt(s.get('server_cpu_cores'), '.2f')} |")
+                     f"{fmt(s.get('server_cpu_cores'), '.2f')} | {fmt(t.get('steal_cores'), '.2f')} / "
+                     f"{fmt(s.get('steal_cores'), '.2f')} |")
     t, s = lat.get("triton", {}), lat.get("shmserve", {})
     r = ratio(s.get("first_ms_p50"), t.get("first_ms_p50"))
     ok = "" if r is None else (" ✓" if r <= TARGET_MAX_FIRST else " ✗")
@@ -200,6 +205,7 @@ def report(records: list, errors: list, concurrencies) -> str:
         rr = ratio(s.get(key), t.get(key))
         mark = ok if key == "first_ms_p50" else ""
         lines.append(f"| {label} | {fmt(t.get(key), '.3f')} | {fmt(s.get(key), '.3f')} | {fmt(rr, '.2f')}{mark} |")
+    lines.append(f"| host steal cores | {fmt(t.get('steal_cores'), '.2f')} | {fmt(s.get('steal_cores'), '.2f')} | |")
     tg = [r for r in records if r["kind"] == "textgen"]
     if tg:
         lines += ["", f"## textgen on shmserve ({TEXTGEN_TOKENS} tokens per request, streamed over gRPC)", "",
@@ -220,6 +226,7 @@ def parse_args():
     ap.add_argument("--textgen", action=argparse.BooleanOptionalAction, default=True,
                     help="also measure textgen on shmserve (default on)")
     add_server_arguments(ap)
+    add_steal_arguments(ap)
     return ap.parse_args()
 
 
@@ -234,7 +241,7 @@ def main() -> int:
     records, errors = [], []
     try:
         for name in names:
-            errors += run_one(servers[name], args.concurrency, pa, out_dir, data_file, records)
+            errors += run_one(servers[name], args.concurrency, pa, out_dir, data_file, records, args)
         if args.textgen and args.only != "triton":
             errors += run_textgen(args, out_dir, records)
     except KeyboardInterrupt:
