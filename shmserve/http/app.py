@@ -60,6 +60,7 @@ async def _off_loop(fn, body, *args):
 _NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "
                      "for model that generates various number of responses")
 
+
 class HttpRoutes:
     def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None):
         """`header_pattern`: headers whose names it matches become request parameters
