@@ -93,6 +93,108 @@ _RAW_INPUT_FIELD = 7
 _SPLIT_FROM_BYTES = 64 * 1024
 
 
+# Requests whose fields other than raw_input_contents are byte for byte the same (a client
+# sends the same model, inputs and outputs again and again) are decoded once: the bytes of
+# those fields key a _Template. Held to a few, and to small heads, so that a client varying
+# them (an id per request) costs a miss each, never memory.
+_TEMPLATES: dict = {}
+_MAX_TEMPLATES = 64
+_MAX_TEMPLATE_HEAD = 4096
+# raw_input_contents' key byte (field 7, length-delimited).
+_RAW_INPUT_KEY = _RAW_INPUT_FIELD << 3 | 2
+
+
+def read_model_infer_request(wire: bytes) -> InferRequest:
+    """The InferRequest in a ModelInferRequest's wire bytes, its raw inputs as views of
+    `wire`."""
+    split = _split_trailing_raw(wire)
+    if split is None:
+        return decode_model_infer_request(*parse_model_infer_request(wire))
+    cut, raw = split
+    head = bytes(wire[:cut])  # a dict key, even when `wire` is a view of the read buffer
+    template = _TEMPLATES.get(head)
+    if template is not None and template.raw_count == len(raw):
+        return template.fill(raw)
+    request = decode_model_infer_request(_parse_request(head), raw)
+    # Inputs given as `contents` (in the head, not raw) are decoded anew each time.
+    if cut <= _MAX_TEMPLATE_HEAD and sum(t.data is not None for t in request.inputs) == len(raw):
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        _TEMPLATES[head] = _Template(request, len(raw))
+    return request
+
+
+def _split_trailing_raw(wire: bytes):
+    """(where raw_input_contents begin, their views) when the message is made of one-byte-key
+    length-delimited fields, raw_input_contents last: what protobuf serializers write, as they
+    write fields in number order. None for any other layout (protobuf then parses it)."""
+    pos = 0
+    end = len(wire)
+    cut = None
+    raw = []
+    view = None
+    try:
+        while pos < end:
+            key = wire[pos]
+            if key & 7 != 2 or key > 0x7F:
+                return None
+            length = wire[pos + 1]
+            if length < 0x80:
+                start = pos + 2
+            else:
+                length, start = _read_varint(wire, pos + 1)
+            stop = start + length
+            if stop > end:
+                return None
+            if key == _RAW_INPUT_KEY:
+                if cut is None:
+                    cut = pos
+                    view = memoryview(wire)
+                raw.append(view[start:stop])
+            elif cut is not None:
+                return None
+            pos = stop
+    except (IndexError, ValueError):
+        return None
+    return (end if cut is None else cut), raw
+
+
+class _Template:
+    """What a request head decodes to; `fill` gives each request its own copies of what the
+    server may change (parameters, shapes) and its own raw inputs."""
+
+    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs",
+                 "raw_count")
+
+    def __init__(self, request: InferRequest, raw_count: int):
+        self.model_name = request.model_name
+        self.model_version = request.model_version
+        self.id = request.id
+        self.parameters = dict(request.parameters)
+        # An input without data is in a shared-memory region; the others take the raw inputs
+        # in order.
+        self.inputs = [(t.name, t.datatype, list(t.shape), dict(t.parameters), t.data is not None)
+                       for t in request.inputs]
+        self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs]
+        self.raw_count = raw_count
+
+    def fill(self, raw: list) -> InferRequest:
+        inputs = []
+        k = 0
+        for name, datatype, shape, params, takes_raw in self.inputs:
+            if takes_raw:
+                data = raw[k]
+                k += 1
+            else:
+                data = None
+            inputs.append(InputTensor(name, datatype, shape.copy(), data,
+                                      params.copy() if params else {}))
+        outputs = [RequestedOutput(name, params.copy() if params else {})
+                   for name, params in self.outputs]
+        return InferRequest(self.model_name, self.model_version, self.id,
+                            self.parameters.copy() if self.parameters else {}, inputs, outputs)
+
+
 def parse_model_infer_request(wire: bytes):
     """(the ModelInferRequest, its raw_input_contents as views of `wire` or None). Protobuf
     would copy each raw input out of the message; for large inputs the views spare that."""

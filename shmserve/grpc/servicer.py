@@ -202,7 +202,7 @@ class InferenceServicer:
         return proto.CudaSharedMemoryUnregisterResponse()
 
     async def ModelInfer(self, wire, context):
-        infer_request = codec.decode_model_infer_request(*codec.parse_model_infer_request(wire))
+        infer_request = codec.read_model_infer_request(wire)
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, context.invocation_metadata(),
                                       self.header_pattern)
@@ -477,7 +477,7 @@ def _methods(service_name: str, servicer, restrictions: dict) -> dict:
             handler = fn if restriction is None else _streaming(fn, restriction)
         else:
             handler = _unary(fn, with_context=name == "ModelInfer", restriction=restriction)
-        # ModelInfer parses its request itself (codec.parse_model_infer_request).
+        # ModelInfer parses its request itself (codec.read_model_infer_request).
         table[f"/{service_name}/{name}"] = Method(
             handler=handler,
             deserialize=None if name == "ModelInfer" else req_cls.FromString,

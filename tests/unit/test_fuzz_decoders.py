@@ -536,13 +536,21 @@ def grpc_property(wire: bytes, manager, model_name: str):
             grpc_codec._SPLIT_FROM_BYTES = original
         answers.append(parsed and outcome(label, grpc_codec.decode_model_infer_request,
                                           *parsed))
-    whole, split = answers
-    assert (whole is None) == (split is None), (whole, split)
+    # The reader that decodes a request head once answers as the parse, on a miss and a hit.
+    answers += [outcome(None, grpc_codec.read_model_infer_request, wire) for _ in range(2)]
+    whole, split, missed, hit = answers
+    assert (whole is None) == (split is None) == (missed is None) == (hit is None), answers
     if whole is None:
         return None
-    assert [bytes(t.data) if t.data is not None else None for t in whole.inputs] == [
-        bytes(t.data) if t.data is not None else None for t in split.inputs]
+    assert fields(whole) == fields(split) == fields(missed) == fields(hit)
     return check_prepared(split, MODELS[model_name], manager)
+
+
+def fields(request):
+    return (request.model_name, request.model_version, request.id, request.parameters,
+            [(t.name, t.datatype, t.shape, None if t.data is None else bytes(t.data),
+              t.parameters) for t in request.inputs],
+            [(o.name, o.parameters) for o in request.outputs])
 
 
 @FUZZ

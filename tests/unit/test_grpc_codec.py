@@ -10,9 +10,11 @@ from tritonclient.utils import serialize_byte_tensor
 
 from shmserve import proto
 from shmserve.errors import Code, ServerError
+from shmserve.grpc import codec
 from shmserve.grpc.codec import (
     decode_model_infer_request,
     parse_model_infer_request,
+    read_model_infer_request,
     serialize_model_infer_response,
     serialize_stream_infer_response,
     parameters_from_proto,
@@ -372,6 +374,60 @@ def test_large_requests_keep_their_raw_inputs_in_place():
     small, none = parse_model_infer_request(service_pb2.ModelInferRequest(model_name="m")
                                             .SerializeToString())
     assert (small.model_name, none) == ("m", None)
+
+
+def test_a_repeated_request_head_is_decoded_once():
+    codec._TEMPLATES.clear()
+    msg = client_request([make_input("a", "FP32"), make_input("b", "BYTES")],
+                         [grpcclient.InferRequestedOutput("y")], request_id="7",
+                         parameters={"p": 1})
+    first = read_model_infer_request(msg.SerializeToString())
+    assert len(codec._TEMPLATES) == 1
+    msg.raw_input_contents[0] = bytes(24)
+    second = read_model_infer_request(memoryview(bytearray(msg.SerializeToString())))
+    assert len(codec._TEMPLATES) == 1
+    assert [bytes(t.data) for t in second.inputs] == list(msg.raw_input_contents)
+    assert bytes(first.inputs[0].data) == wire_bytes("FP32")
+    assert (second.model_name, second.model_version, second.id, second.parameters) == (
+        "m", "2", "7", {"p": 1})
+    assert [(t.name, t.datatype, t.shape) for t in second.inputs] == [
+        ("a", "FP32", [2, 3]), ("b", "BYTES", [1, 3])]
+    assert [o.name for o in second.outputs] == ["y"]
+    # Each request has its own parameters and shapes, which the server may change.
+    first.parameters["q"] = 2
+    first.inputs[0].shape[0] = 9
+    third = read_model_infer_request(msg.SerializeToString())
+    assert third.parameters == {"p": 1} and third.inputs[0].shape == [2, 3]
+
+
+def test_a_known_head_with_other_raw_entries_is_refused_as_before():
+    codec._TEMPLATES.clear()
+    msg = client_request([make_input("a", "FP32")])
+    read_model_infer_request(msg.SerializeToString())
+    msg.raw_input_contents.append(b"\x00")
+    with pytest.raises(ServerError) as info:
+        read_model_infer_request(msg.SerializeToString())
+    assert info.value.message == (
+        "expected 1 raw_input_contents entries (one per input not in shared memory) "
+        "but got 2 for model 'm'")
+
+
+def test_typed_contents_are_decoded_each_time():
+    codec._TEMPLATES.clear()
+    msg = typed_request("INT32", "int_contents", [1, 2], [2])
+    for _ in range(2):
+        request = read_model_infer_request(msg.SerializeToString())
+        assert bytes(request.inputs[0].data) == np.array([1, 2], np.int32).tobytes()
+    assert not codec._TEMPLATES
+
+
+def test_raw_entries_before_other_fields_are_parsed_whole():
+    msg = client_request([make_input("a", "FP32")])
+    wire = msg.SerializeToString()
+    cut = wire.index(b"\x3a")
+    reordered = wire[cut:] + wire[:cut]
+    request = read_model_infer_request(reordered)
+    assert bytes(request.inputs[0].data) == wire_bytes("FP32")
 
 
 @pytest.mark.parametrize("wire", [b"\x0a\xff" + bytes(70_000), b"\x0a\xff\x01"])
