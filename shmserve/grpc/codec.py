@@ -11,6 +11,7 @@ from shmserve import proto
 from shmserve.errors import internal, invalid_arg
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
+from shmserve.request_templates import BoundedCache, RequestTemplate
 
 # The one `triton_` request parameter a client may send (ModelStreamInfer's empty final response).
 _ALLOWED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
@@ -93,12 +94,9 @@ _RAW_INPUT_FIELD = 7
 _SPLIT_FROM_BYTES = 64 * 1024
 
 
-# Requests whose fields other than raw_input_contents are byte for byte the same (a client
-# sends the same model, inputs and outputs again and again) are decoded once: the bytes of
-# those fields key a _Template. Held to a few, and to small heads, so that a client varying
-# them (an id per request) costs a miss each, never memory.
-_TEMPLATES: dict = {}
-_MAX_TEMPLATES = 64
+# Requests whose fields before raw_input_contents are the same bytes are decoded once (see
+# request_templates.py): those bytes key (the template, which inputs take a raw entry).
+_TEMPLATES = BoundedCache()
 _MAX_TEMPLATE_HEAD = 4096
 # raw_input_contents' key byte (field 7, length-delimited).
 _RAW_INPUT_KEY = _RAW_INPUT_FIELD << 3 | 2
@@ -112,15 +110,21 @@ def read_model_infer_request(wire: bytes) -> InferRequest:
         return decode_model_infer_request(*parse_model_infer_request(wire))
     cut, raw = split
     head = bytes(wire[:cut])  # a dict key, even when `wire` is a view of the read buffer
-    template = _TEMPLATES.get(head)
-    if template is not None and template.raw_count == len(raw):
-        return template.fill(raw)
+    known = _TEMPLATES.get(head)
+    if known is not None:
+        template, takes_raw = known
+        if takes_raw is None:  # every input takes one, the usual case
+            if len(raw) == len(template.inputs):
+                return template.fill(raw)
+        elif len(raw) == sum(takes_raw):
+            entries = iter(raw)
+            return template.fill([next(entries) if t else None for t in takes_raw])
     request = decode_model_infer_request(_parse_request(head), raw)
-    # Inputs given as `contents` (in the head, not raw) are decoded anew each time.
-    if cut <= _MAX_TEMPLATE_HEAD and sum(t.data is not None for t in request.inputs) == len(raw):
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        _TEMPLATES[head] = _Template(request, len(raw))
+    # An input without data is in a shared-memory region. Inputs given as `contents` (in the
+    # head, not raw) are decoded anew each time.
+    takes_raw = [t.data is not None for t in request.inputs]
+    if cut <= _MAX_TEMPLATE_HEAD and sum(takes_raw) == len(raw):
+        _TEMPLATES.put(head, (RequestTemplate(request), None if all(takes_raw) else takes_raw))
     return request
 
 
@@ -157,42 +161,6 @@ def _split_trailing_raw(wire: bytes):
     except (IndexError, ValueError):
         return None
     return (end if cut is None else cut), raw
-
-
-class _Template:
-    """What a request head decodes to; `fill` gives each request its own copies of what the
-    server may change (parameters, shapes) and its own raw inputs."""
-
-    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs",
-                 "raw_count")
-
-    def __init__(self, request: InferRequest, raw_count: int):
-        self.model_name = request.model_name
-        self.model_version = request.model_version
-        self.id = request.id
-        self.parameters = dict(request.parameters)
-        # An input without data is in a shared-memory region; the others take the raw inputs
-        # in order.
-        self.inputs = [(t.name, t.datatype, list(t.shape), dict(t.parameters), t.data is not None)
-                       for t in request.inputs]
-        self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs]
-        self.raw_count = raw_count
-
-    def fill(self, raw: list) -> InferRequest:
-        inputs = []
-        k = 0
-        for name, datatype, shape, params, takes_raw in self.inputs:
-            if takes_raw:
-                data = raw[k]
-                k += 1
-            else:
-                data = None
-            inputs.append(InputTensor(name, datatype, shape.copy(), data,
-                                      params.copy() if params else {}))
-        outputs = [RequestedOutput(name, params.copy() if params else {})
-                   for name, params in self.outputs]
-        return InferRequest(self.model_name, self.model_version, self.id,
-                            self.parameters.copy() if self.parameters else {}, inputs, outputs)
 
 
 def parse_model_infer_request(wire: bytes):
@@ -372,7 +340,7 @@ def serialize_stream_infer_response(resp: InferResponse, final: bool) -> bytes:
 
 def _response_pieces(resp: InferResponse) -> tuple[list, int]:
     """The pieces of a serialized ModelInferResponse, and their total size."""
-    head = _response_head(resp).SerializeToString()
+    head = _response_head_bytes(resp)
     pieces = [head]
     size = len(head)
     for out in resp.outputs:
@@ -383,6 +351,24 @@ def _response_pieces(resp: InferResponse) -> tuple[list, int]:
         pieces.append(data)
         size += len(tag) + nbytes
     return pieces, size
+
+
+# The serialized fields other than raw_output_contents, by model, version, id and outputs'
+# names, datatypes and shapes: the same for every response to a repeated request.
+_HEADS = BoundedCache()
+
+
+def _response_head_bytes(resp: InferResponse) -> bytes:
+    outputs = resp.outputs
+    if resp.parameters or any(out.parameters for out in outputs):
+        return _response_head(resp).SerializeToString()
+    key = (resp.model_name, resp.model_version, resp.id,
+           *[(out.name, out.datatype, *out.shape) for out in outputs])
+    head = _HEADS.get(key)
+    if head is None:
+        head = _response_head(resp).SerializeToString()
+        _HEADS.put(key, head)
+    return head
 
 
 def _response_head(resp: InferResponse):

@@ -19,6 +19,7 @@ from shmserve.inference import (
     RequestedOutput,
 )
 from shmserve.ipc import datatypes
+from shmserve.request_templates import BoundedCache, RequestTemplate
 
 _SHM_REGION = "shared_memory_region"
 _SHM_INTS = ("shared_memory_byte_size", "shared_memory_offset")
@@ -72,21 +73,41 @@ def decode_infer_request(
         raise invalid_arg(
             f"inference header size should be in range (0, {total}), got: {header_length}"
         )
+    key = None
+    if header_length <= _MAX_TEMPLATE_HEADER:
+        key = (model_name, model_version, total, bytes(view[:header_length]))
+        known = _TEMPLATES.get(key)
+        if known is not None:
+            template, spans, fmt = known
+            return template.fill([None if span is None else view[span[0]:span[1]]
+                                  for span in spans]), fmt
     doc = json_object(view[:header_length])
 
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise invalid_arg("Unable to parse 'id'")
     fmt = OutputFormat()
+    parameters = _request_parameters(doc.get("parameters"), fmt)
+    inputs, spans = _inputs(doc.get("inputs"), view, header_length, model_name)
     request = InferRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
-        parameters=_request_parameters(doc.get("parameters"), fmt),
-        inputs=_inputs(doc.get("inputs"), view, header_length, model_name),
+        parameters=parameters,
+        inputs=inputs,
         outputs=_outputs(doc.get("outputs"), fmt),
     )
+    # Inputs given as JSON `data` (in the header) are decoded anew each time.
+    if key is not None and False not in spans:
+        _TEMPLATES.put(key, (RequestTemplate(request), spans, fmt))
     return request, fmt
+
+
+# Requests with the same JSON header, and as many binary bytes after it, are decoded once
+# (see request_templates.py): the header keys (the template, each input's span of the body,
+# the OutputFormat, which is only read and so shared).
+_TEMPLATES = BoundedCache()
+_MAX_TEMPLATE_HEADER = 4096
 
 
 def json_object(buf) -> dict:
@@ -209,11 +230,14 @@ def _request_parameters(params, fmt: OutputFormat) -> dict:
     return result
 
 
-def _inputs(items, view: memoryview, offset: int, model_name: str) -> list[InputTensor]:
+def _inputs(items, view: memoryview, offset: int, model_name: str) -> tuple[list, list]:
+    """(the inputs, where each one's data is: its (start, end) in `view` when binary, None
+    when in a shared-memory region, False when given as JSON `data`)."""
     if type(items) is not list:
         raise invalid_arg("Unable to parse 'inputs'")
     total = len(view)
     inputs = []
+    spans = []
     for item in items:
         if type(item) is not dict:
             raise invalid_arg("Unable to parse 'inputs'")
@@ -251,17 +275,20 @@ def _inputs(items, view: memoryview, offset: int, model_name: str) -> list[Input
                     f"additional bytes for model '{model_name}'"
                 )
             data = view[offset:end]
+            spans.append((offset, end))
             offset = end
         elif has_shm:
             _check_shm_params(params)
             data = None
+            spans.append(None)
         else:
             data = json_input_bytes(name, datatype, shape, item["data"])
+            spans.append(False)
         inputs.append(InputTensor(name, datatype, shape, data, params))
 
     if offset != total:
         raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
-    return inputs
+    return inputs, spans
 
 
 def _content_error(has_data: bool, has_binary: bool, has_shm: bool) -> str:

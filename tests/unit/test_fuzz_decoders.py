@@ -26,6 +26,7 @@ from shmserve.config.parse import parse_config_json, parse_config_text
 from shmserve.dataplane import _prepare
 from shmserve.errors import Code, ServerError
 from shmserve.grpc import codec as grpc_codec
+from shmserve.http import codec as http_codec
 from shmserve.http import generate
 from shmserve.http.app import _trace_changes
 from shmserve.http.codec import OutputFormat, decode_infer_request, encode_infer_response
@@ -495,17 +496,22 @@ def expect_inputs(mutation: str, work, expected: dict) -> None:
 
 
 def http_property(body: bytes, header, manager, model_name: str):
-    """The WorkRequest the body becomes for model `model_name`, or None if refused."""
+    """The WorkRequest the body becomes for model `model_name`, or None if refused. A header
+    decoded a second time (from its template) gives the same request."""
+    http_codec._TEMPLATES.clear()
     decoded = outcome("http", decode_infer_request, body, header, "m", "")
+    again = outcome(None, decode_infer_request, body, header, "m", "")
+    assert (decoded is None) == (again is None)
     if decoded is None:
         return None
     request, fmt = decoded
+    assert fields(again[0]) == fields(request) and again[1] == fmt
     start = len(body) if header is None else header
     binary = [t.data for t in request.inputs
               if isinstance(t.data, memoryview) and t.data.obj is body]
     # Binary inputs are the body after the JSON header, in order, all of it.
     assert sum(view.nbytes for view in binary) == len(body) - start
-    return check_prepared(request, MODELS[model_name], manager)
+    return check_prepared(again[0], MODELS[model_name], manager)
 
 
 @FUZZ

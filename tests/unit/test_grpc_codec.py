@@ -327,6 +327,17 @@ def test_every_output_has_a_raw_entry_in_order():
     assert result.as_numpy("zero").shape == (0, 4)
 
 
+def test_responses_to_repeated_requests_share_a_head():
+    codec._HEADS.clear()
+    for rows in (2, 2, 1):
+        data = np.arange(rows * 3, dtype=np.float32)
+        response = InferResponse("m", "1", id="r", outputs=[
+            OutputTensor("o", "FP32", [rows, 3], memoryview(data).cast("B"))])
+        assert service_pb2.ModelInferResponse.FromString(
+            serialize_model_infer_response(response)) == reference(response)
+    assert len(codec._HEADS) == 2
+
+
 def test_response_fields_and_parameters():
     response = InferResponse("m", "4", id="r1", parameters={"triton_final_response": True, "n": 3},
                              outputs=[OutputTensor("o", "UINT8", [1], b"\x05", parameters={"k": "v"})])
@@ -404,6 +415,25 @@ def test_a_known_head_with_other_raw_entries_is_refused_as_before():
     codec._TEMPLATES.clear()
     msg = client_request([make_input("a", "FP32")])
     read_model_infer_request(msg.SerializeToString())
+    msg.raw_input_contents.append(b"\x00")
+    with pytest.raises(ServerError) as info:
+        read_model_infer_request(msg.SerializeToString())
+    assert info.value.message == (
+        "expected 1 raw_input_contents entries (one per input not in shared memory) "
+        "but got 2 for model 'm'")
+
+
+def test_a_known_head_with_inputs_in_shared_memory_takes_raw_entries_for_the_others():
+    codec._TEMPLATES.clear()
+    msg = client_request([make_input("a", "FP32"), make_input("b", "INT8")])
+    msg.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    msg.inputs[0].parameters["shared_memory_byte_size"].int64_param = 24
+    del msg.raw_input_contents[0]
+    for _ in range(2):
+        request = read_model_infer_request(msg.SerializeToString())
+        assert [t.data if t.data is None else bytes(t.data) for t in request.inputs] == [
+            None, wire_bytes("INT8")]
+    assert len(codec._TEMPLATES) == 1
     msg.raw_input_contents.append(b"\x00")
     with pytest.raises(ServerError) as info:
         read_model_infer_request(msg.SerializeToString())

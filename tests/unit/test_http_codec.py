@@ -8,6 +8,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
 from shmserve.errors import Code, ServerError
+from shmserve.http import codec
 from shmserve.http.codec import (
     OutputFormat,
     decode_infer_request,
@@ -290,6 +291,41 @@ def test_malformed_json():
 def test_invalid_request(doc, text):
     body, header_length = raw_body(doc)
     assert text in invalid(body, header_length)
+
+
+def test_a_repeated_header_is_decoded_once():
+    codec._TEMPLATES.clear()
+    body, header_length = client_body(
+        [make_input("a", "FP32"), make_input("b", "BYTES")],
+        [httpclient.InferRequestedOutput("y", binary_data=True)], request_id="7",
+        parameters={"p": 1})
+    first, fmt = decode(body, header_length)
+    again = bytearray(body)
+    again[header_length:header_length + 4] = b"\x00" * 4
+    second, second_fmt = decode(again, header_length)
+    assert len(codec._TEMPLATES) == 1 and second_fmt == fmt
+    assert bytes(second.inputs[0].data) == bytes(again[header_length:header_length + 24])
+    assert bytes(second.inputs[1].data) == wire_bytes("BYTES")
+    assert (second.model_name, second.id, second.parameters) == ("m", "7", {"p": 1})
+    assert [(t.name, t.datatype, t.shape) for t in second.inputs] == [
+        ("a", "FP32", [2, 3]), ("b", "BYTES", [1, 3])]
+    assert [o.name for o in second.outputs] == ["y"] and fmt.is_binary("y")
+    # Each request has its own parameters and shapes, which the server may change.
+    first.parameters["q"] = 2
+    first.inputs[0].shape[0] = 9
+    third, _ = decode(body, header_length)
+    assert third.parameters == {"p": 1} and third.inputs[0].shape == [2, 3]
+    # The same header before fewer bytes is refused as it would be the first time.
+    assert invalid(body[:-1], header_length).startswith("unexpected size for input 'b'")
+
+
+def test_json_data_is_decoded_each_time():
+    codec._TEMPLATES.clear()
+    body, header_length = client_body([make_input("a", "INT32", binary=False)])
+    for _ in range(2):
+        request, _ = decode(body, header_length)
+        assert bytes(request.inputs[0].data) == wire_bytes("INT32")
+    assert not codec._TEMPLATES
 
 
 def test_binary_data_too_short():
