@@ -106,7 +106,7 @@ def read_model_infer_request(wire: bytes) -> InferRequest:
     """The InferRequest in a ModelInferRequest's wire bytes, its raw inputs as views of
     `wire`."""
     split = _split_trailing_raw(wire)
-    if split is None:
+    if split is None or split[0] > _MAX_TEMPLATE_HEAD:
         return decode_model_infer_request(*parse_model_infer_request(wire))
     cut, raw = split
     head = bytes(wire[:cut])  # a dict key, even when `wire` is a view of the read buffer
@@ -123,7 +123,7 @@ def read_model_infer_request(wire: bytes) -> InferRequest:
     # An input without data is in a shared-memory region. Inputs given as `contents` (in the
     # head, not raw) are decoded anew each time.
     takes_raw = [t.data is not None for t in request.inputs]
-    if cut <= _MAX_TEMPLATE_HEAD and sum(takes_raw) == len(raw):
+    if sum(takes_raw) == len(raw):
         _TEMPLATES.put(head, (RequestTemplate(request), None if all(takes_raw) else takes_raw))
     return request
 

@@ -442,12 +442,14 @@ def test_a_known_head_with_inputs_in_shared_memory_takes_raw_entries_for_the_oth
         "but got 2 for model 'm'")
 
 
-def test_typed_contents_are_decoded_each_time():
+@pytest.mark.parametrize("count", [2, 5000])  # a head of 5000 values is not even looked up
+def test_typed_contents_are_decoded_each_time(count):
     codec._TEMPLATES.clear()
-    msg = typed_request("INT32", "int_contents", [1, 2], [2])
+    values = list(range(count))
+    msg = typed_request("INT32", "int_contents", values, [count])
     for _ in range(2):
         request = read_model_infer_request(msg.SerializeToString())
-        assert bytes(request.inputs[0].data) == np.array([1, 2], np.int32).tobytes()
+        assert bytes(request.inputs[0].data) == np.array(values, np.int32).tobytes()
     assert not codec._TEMPLATES
 
 
