@@ -411,16 +411,22 @@ def test_a_repeated_request_head_is_decoded_once():
     assert third.parameters == {"p": 1} and third.inputs[0].shape == [2, 3]
 
 
-def test_a_known_head_with_other_raw_entries_is_refused_as_before():
-    codec._TEMPLATES.clear()
-    msg = client_request([make_input("a", "FP32")])
-    read_model_infer_request(msg.SerializeToString())
+def assert_one_raw_entry_too_many_is_refused(msg):
+    """With one more raw entry than its one input outside shared memory takes, `msg` is
+    refused as a request seen the first time is."""
     msg.raw_input_contents.append(b"\x00")
     with pytest.raises(ServerError) as info:
         read_model_infer_request(msg.SerializeToString())
     assert info.value.message == (
         "expected 1 raw_input_contents entries (one per input not in shared memory) "
         "but got 2 for model 'm'")
+
+
+def test_a_known_head_with_other_raw_entries_is_refused_as_before():
+    codec._TEMPLATES.clear()
+    msg = client_request([make_input("a", "FP32")])
+    read_model_infer_request(msg.SerializeToString())
+    assert_one_raw_entry_too_many_is_refused(msg)
 
 
 def test_a_known_head_with_inputs_in_shared_memory_takes_raw_entries_for_the_others():
@@ -434,12 +440,7 @@ def test_a_known_head_with_inputs_in_shared_memory_takes_raw_entries_for_the_oth
         assert [t.data if t.data is None else bytes(t.data) for t in request.inputs] == [
             None, wire_bytes("INT8")]
     assert len(codec._TEMPLATES) == 1
-    msg.raw_input_contents.append(b"\x00")
-    with pytest.raises(ServerError) as info:
-        read_model_infer_request(msg.SerializeToString())
-    assert info.value.message == (
-        "expected 1 raw_input_contents entries (one per input not in shared memory) "
-        "but got 2 for model 'm'")
+    assert_one_raw_entry_too_many_is_refused(msg)
 
 
 @pytest.mark.parametrize("count", [2, 5000])  # a head of 5000 values is not even looked up
