@@ -9,6 +9,10 @@ than parse and check them again.
 
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 
+# Longer heads are parsed every time: a long one is mostly tensor values given inline (typed
+# contents, JSON data), which no two requests share, and copying and hashing it would be waste.
+MAX_KEY_BYTES = 4096
+
 
 class BoundedCache(dict):
     """A dict of at most `limit` entries, emptied when full: a client that varies what keys

@@ -11,7 +11,7 @@ from shmserve import proto
 from shmserve.errors import internal, invalid_arg
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
-from shmserve.request_templates import BoundedCache, RequestTemplate
+from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 # The one `triton_` request parameter a client may send (ModelStreamInfer's empty final response).
 _ALLOWED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
@@ -97,7 +97,6 @@ _SPLIT_FROM_BYTES = 64 * 1024
 # Requests whose fields before raw_input_contents are the same bytes are decoded once (see
 # request_templates.py): those bytes key (the template, which inputs take a raw entry).
 _TEMPLATES = BoundedCache()
-_MAX_TEMPLATE_HEAD = 4096
 # raw_input_contents' key byte (field 7, length-delimited).
 _RAW_INPUT_KEY = _RAW_INPUT_FIELD << 3 | 2
 
@@ -106,7 +105,7 @@ def read_model_infer_request(wire: bytes) -> InferRequest:
     """The InferRequest in a ModelInferRequest's wire bytes, its raw inputs as views of
     `wire`."""
     split = _split_trailing_raw(wire)
-    if split is None or split[0] > _MAX_TEMPLATE_HEAD:
+    if split is None or split[0] > MAX_KEY_BYTES:
         return decode_model_infer_request(*parse_model_infer_request(wire))
     cut, raw = split
     head = bytes(wire[:cut])  # a dict key, even when `wire` is a view of the read buffer

@@ -19,7 +19,7 @@ from shmserve.inference import (
     RequestedOutput,
 )
 from shmserve.ipc import datatypes
-from shmserve.request_templates import BoundedCache, RequestTemplate
+from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 _SHM_REGION = "shared_memory_region"
 _SHM_INTS = ("shared_memory_byte_size", "shared_memory_offset")
@@ -74,7 +74,7 @@ def decode_infer_request(
             f"inference header size should be in range (0, {total}), got: {header_length}"
         )
     key = None
-    if header_length <= _MAX_TEMPLATE_HEADER:
+    if header_length <= MAX_KEY_BYTES:
         key = (model_name, model_version, total, bytes(view[:header_length]))
         known = _TEMPLATES.get(key)
         if known is not None:
@@ -107,7 +107,6 @@ def decode_infer_request(
 # (see request_templates.py): the header keys (the template, each input's span of the body,
 # the OutputFormat, which is only read and so shared).
 _TEMPLATES = BoundedCache()
-_MAX_TEMPLATE_HEADER = 4096
 
 
 def json_object(buf) -> dict:
