@@ -63,17 +63,5 @@ def invalid_arg(message: str) -> ServerError:
     return ServerError(Code.INVALID_ARG, message)
 
 
-def not_found(message: str) -> ServerError:
-    return ServerError(Code.NOT_FOUND, message)
-
-
-def unavailable(message: str) -> ServerError:
-    return ServerError(Code.UNAVAILABLE, message)
-
-
 def internal(message: str) -> ServerError:
     return ServerError(Code.INTERNAL, message)
-
-
-def unsupported(message: str) -> ServerError:
-    return ServerError(Code.UNSUPPORTED, message)

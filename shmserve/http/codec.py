@@ -199,10 +199,6 @@ def encode_infer_response(
     return chunks, None, "application/json"
 
 
-def encode_error(message: str) -> bytes:
-    return orjson.dumps({"error": message})
-
-
 def _request_parameters(params, fmt: OutputFormat) -> dict:
     if params is None:
         return {}

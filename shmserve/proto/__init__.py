@@ -60,12 +60,6 @@ def enum_value(enum_full_name: str, name: str) -> int:
     return POOL.FindEnumTypeByName(enum_full_name).values_by_name[name].number
 
 
-def enum_name(enum_full_name: str, number: int) -> str:
-    """Name of a value, e.g. enum_name("inference.DataType", 11) == "TYPE_FP32".
-    Raises KeyError for an unknown number."""
-    return POOL.FindEnumTypeByName(enum_full_name).values_by_number[number].name
-
-
 __all__ = sorted(_MESSAGES) + [
     "DataType", "HEALTH_SERVICE_NAME", "HealthCheckRequest", "HealthCheckResponse", "POOL",
-    "SERVICE_NAME", "enum_name", "enum_value", "methods"]
+    "SERVICE_NAME", "enum_value", "methods"]

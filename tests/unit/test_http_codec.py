@@ -12,7 +12,6 @@ from shmserve.http import codec
 from shmserve.http.codec import (
     OutputFormat,
     decode_infer_request,
-    encode_error,
     encode_infer_response,
 )
 from shmserve.inference import InferResponse, OutputTensor
@@ -475,7 +474,3 @@ def test_json_output_size_mismatch_is_internal(out):
         encode_infer_response(InferResponse("m", "1", outputs=[out]), OutputFormat())
     assert info.value.code is Code.INTERNAL
     assert info.value.message == "output tensor shape does not match size of output for 'o'"
-
-
-def test_encode_error():
-    assert orjson.loads(encode_error('bad "thing"')) == {"error": 'bad "thing"'}
