@@ -1,6 +1,6 @@
 """Stateful models end to end: the sequence batcher (direct and oldest), its control inputs,
 idle timeout and backlog, implicit state, and iterative sequences, through tritonclient over
-HTTP and gRPC, against the test models `seq_probe`, `seq_string`, `seq_state`,
+HTTP and gRPC, against the test models `seq_probe`, `seq_idle`, `seq_string`, `seq_state`,
 `iterative_steps` and `iterative_stream` (tests/models/README.md).
 
 Sequence ids are unique per test, so tests do not share sequences. Only upper bounds of
@@ -22,8 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import wait_for_models
 
-MODELS = ("seq_probe", "seq_string", "seq_state", "iterative_steps", "iterative_stream")
-IDLE_S = 0.5  # seq_probe's max_sequence_idle_microseconds
+MODELS = ("seq_probe", "seq_idle", "seq_string", "seq_state", "iterative_steps",
+          "iterative_stream")
+IDLE_S = 0.5  # seq_idle's max_sequence_idle_microseconds
 WAIT_S = 10.0
 
 _ids = itertools.count(1000)
@@ -176,13 +177,13 @@ def test_refused_sequence_requests_are_counted_nowhere(server):
 def test_an_idle_sequence_is_ended(server):
     async def body(c):
         corrid = next(_ids)
-        await c.infer("seq_probe", 1, corrid, start=True)
+        await c.infer("seq_idle", 1, corrid, start=True)
         await asyncio.sleep(IDLE_S * 2.5)
         with pytest.raises(InferenceServerException) as refused:
-            await c.infer("seq_probe", 1, corrid)
+            await c.infer("seq_idle", 1, corrid)
         assert "must specify the START flag" in refused.value.message()
         # The id may start afresh.
-        r = await c.infer("seq_probe", 4, corrid, start=True, end=True)
+        r = await c.infer("seq_idle", 4, corrid, start=True, end=True)
         assert first(r, "OUTPUT") == 4
     run(server, "http", body)
 
@@ -193,7 +194,7 @@ def test_new_sequences_wait_in_the_backlog_while_every_slot_is_taken(server):
         await asyncio.gather(*(c.infer("seq_probe", 1, s, start=True) for s in held))
         waiting = asyncio.ensure_future(c.infer("seq_probe", 7, next(_ids), start=True,
                                                 end=True))
-        await asyncio.sleep(IDLE_S / 5)
+        await asyncio.sleep(0.1)
         assert not waiting.done()
         await c.infer("seq_probe", 1, held[0], end=True)
         assert first(await asyncio.wait_for(waiting, WAIT_S), "OUTPUT") == 7

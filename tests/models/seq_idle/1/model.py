@@ -1,0 +1,1 @@
+../../seq_probe/1/model.py
