@@ -158,8 +158,10 @@ def test_spans_leave_in_batches_as_otlp_json():
 
 
 def test_an_unreachable_collector_is_logged_not_raised(caplog):
+    # A delay far longer than the test: the three spans leave together, at close (with a
+    # short one, a slow thread start could split them over two exports).
     exporter = SpanExporter(OtelSettings(url="http://127.0.0.1:9/v1/traces",
-                                         bsp_schedule_delay=10))
+                                         bsp_schedule_delay=600_000))
     exporter.add(spans(events(1, "m", GRPC_REQUEST), SpanIds.root(), OFFSET))
     exporter.close()
     assert "could not export 3 spans" in caplog.text
