@@ -131,7 +131,7 @@ def _non_finite_json(buf):
         return None
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         return None
 
 

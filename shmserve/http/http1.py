@@ -51,7 +51,7 @@ class Request:
     lower case; repeated headers are joined with ", "."""
 
     __slots__ = ("method", "path", "query", "headers", "body", "match_info", "begun_ns",
-                 "_conn", "_stream")
+                 "closes", "_conn", "_stream")
 
     def __init__(self, method: str, path: str, query: str, headers: dict, body: bytes,
                  conn: "_Connection", begun_ns: int = 0):
@@ -62,6 +62,7 @@ class Request:
         self.body = body
         self.match_info: dict = {}
         self.begun_ns = begun_ns  # time.perf_counter_ns() when its first bytes were parsed
+        self.closes = False  # the connection closes after its answer
         self._conn = conn
         self._stream: "ChunkedStream | None" = None
 
@@ -143,6 +144,7 @@ class _Connection(asyncio.Protocol):
         self.since = self.loop.time()  # when the phase began
         self.refused = False  # stop parsing: the rest is dropped
         self.closing = False  # close once what is pending is answered
+        self._expects_continue = False  # the request being read waits for 100 Continue
         self.reading_paused = False
         self._drained: asyncio.Future | None = None
         # The request being read.
@@ -151,7 +153,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._begun = 0  # requests whose first byte was read
         self._begun_ns = 0
-        self._unfinished_head = 0
+        self._unfinished_head = 0  # bytes read into a header or trailer not yet complete
         self._body: list = []
         self._body_bytes = 0
 
@@ -164,20 +166,20 @@ class _Connection(asyncio.Protocol):
         if self.refused:
             return
         begun = self._begun
-        in_head = self.phase == _HEAD
+        phase = self.phase
+        body_bytes = self._body_bytes
         try:
             self.parser.feed_data(data)
-            if in_head and self.phase == _HEAD and self._begun == begun:
-                # The parser keeps an unfinished header to itself: the chunks that leave a
-                # head unfinished are what bounds its memory.
+            if (self._begun == begun and self.phase == phase
+                    and (phase == _HEAD or (phase == _BODY and self._body_bytes == body_bytes))):
+                # The parser keeps an unfinished header (or chunked trailer) to itself: the
+                # chunks that leave one unfinished are what bounds its memory.
                 self._unfinished_head += len(data)
                 if self._unfinished_head > MAX_HEAD_BYTES:
                     self._refuse(_head_too_large())
         except httptools.HttpParserUpgrade:
-            # What follows the request is another protocol: the request is answered as if
-            # it had not asked to upgrade, then the connection closes.
+            # What follows the request is another protocol (see on_message_complete).
             self.refused = True
-            self.closing = True
         except httptools.HttpParserError as exc:
             if not self.refused:
                 self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
@@ -233,6 +235,8 @@ class _Connection(asyncio.Protocol):
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._head_refused()
+        if self.phase == _BODY:
+            return  # a chunked body's trailer: counted, not taken as a header
         key = name.decode("latin-1").lower()
         known = self._headers.get(key)
         text = value.decode("latin-1")
@@ -244,15 +248,40 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.phase = _BODY
-        length = self._headers.get("content-length")
+        self._unfinished_head = 0
+        headers = self._headers
+        length = headers.get("content-length")
         limit = self.server.max_input_size
         if length is not None and length.isdigit() and int(length) > limit:
             self._refuse(error_response(400, _too_large(limit)))
             raise httptools.HttpParserError("body too large")
-        if self._headers.get("expect", "").lower() == "100-continue":
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            self._refuse(error_response(501, f"transfer coding '{coding}' is not supported: "
+                                             f"send the body as it is, or chunked"))
+            raise httptools.HttpParserError("transfer coding not supported")
+        if self.parser.should_upgrade() and (coding is not None or length not in (None, "0")):
+            # The parser would take the body for the upgraded protocol's bytes, and the
+            # request would run without it.
+            self._refuse(error_response(400, "a request that asks to upgrade the protocol "
+                                             "cannot have a body: this server does not "
+                                             "upgrade"))
+            raise httptools.HttpParserError("upgrade with a body")
+        if headers.get("expect", "").lower() == "100-continue" \
+                and self.parser.get_http_version() == "1.1":
+            self._expects_continue = True
+            self._send_continue()
+
+    def _send_continue(self) -> None:
+        """The interim answer a request with `Expect: 100-continue` waits for, once every
+        request before it has its final answer (else the client would take it for theirs)."""
+        if self._expects_continue and self.task is None and not self.pending \
+                and not self.transport.is_closing():
+            self._expects_continue = False
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
+        self._unfinished_head = 0
         self._body_bytes += len(body)
         if self._body_bytes > self.server.max_input_size:
             self._refuse(error_response(400, _too_large(self.server.max_input_size)))
@@ -260,18 +289,24 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._expects_continue = False
         body = self._body
         url = self._url
-        if b"?" in url or b"#" in url:
+        # Absolute-form targets (http://host/path) are for proxies, but servers accept them.
+        if url[:1] != b"/" or b"?" in url or b"#" in url:
             parsed = httptools.parse_url(url)
-            path, query = parsed.path, parsed.query or b""
+            path, query = parsed.path or b"", parsed.query or b""
         else:
             path, query = url, b""
         request = Request(self.parser.get_method().decode("ascii"),
                           path.decode("latin-1"), query.decode("latin-1"), self._headers,
                           body[0] if len(body) == 1 else b"".join(body), self, self._begun_ns)
-        if not self.parser.should_keep_alive():
-            self.closing = True
+        if not self.parser.should_keep_alive() or self.parser.should_upgrade():
+            # The last request of the connection: what follows it is dropped (after an
+            # upgrade, it is another protocol), and it is answered as if it had not asked to
+            # upgrade. The requests before it keep the connection open in their answers.
+            request.closes = True
+            self.refused = True
         self.pending.append(request)
         self.phase = _SERVING
         if len(self.pending) > self.server.max_inflight and not self.reading_paused:
@@ -290,6 +325,8 @@ class _Connection(asyncio.Protocol):
             if type(item) is _Refusal:
                 self._answer_refusal(item.response)
                 return
+            if item.closes:
+                self.closing = True
             if len(self.pending) >= self.server.max_inflight:
                 # A client that floods one connection is told, not queued without bound.
                 self.write_response(item, error_response(503, self.server.busy_message))
@@ -307,6 +344,8 @@ class _Connection(asyncio.Protocol):
             elif self.phase == _SERVING:  # not when the next request is half read
                 self.phase = _IDLE
                 self.since = self.loop.time()
+            else:
+                self._send_continue()
         if self.reading_paused and len(self.pending) <= self.server.max_inflight // 2:
             self.reading_paused = False
             self.transport.resume_reading()
@@ -404,7 +443,8 @@ class _Connection(asyncio.Protocol):
 
 
 def _head_too_large() -> Response:
-    return error_response(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+    return error_response(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes, "
+                               f"or a chunked body's trailer does")
 
 
 def _too_large(limit: int) -> str:

@@ -13,10 +13,12 @@ class MethodNotAllowed(Exception):
     pass
 
 
-# Paths resolved before, up to this many: clients use a handful, so nearly every request is
-# one dict lookup. The cache is emptied when full, so a client sending random paths costs
-# only misses.
+# Paths resolved to a route before, up to this many: clients use a handful, so nearly every
+# request is one dict lookup. The cache is emptied when full, so a client sending random paths
+# costs only misses. Paths that match no route, and long ones, are not kept: a stream of
+# 404s must not fill memory (URLs may be 64 KiB).
 _CACHE_SIZE = 4096
+_CACHED_PATH_CHARS = 1024
 
 
 class Router:
@@ -43,9 +45,10 @@ class Router:
         hit = self._cache.get(path)
         if hit is None:
             hit = self._match(path)
-            if len(self._cache) >= _CACHE_SIZE:
-                self._cache.clear()
-            self._cache[path] = hit
+            if hit[0] and len(path) <= _CACHED_PATH_CHARS:
+                if len(self._cache) >= _CACHE_SIZE:
+                    self._cache.clear()
+                self._cache[path] = hit
         methods, match_info = hit
         handler = methods.get(method)
         if handler is None:

@@ -317,6 +317,119 @@ def test_an_upgrade_request_is_answered_plainly_then_the_connection_closes():
     run(main())
 
 
+def test_an_upgrade_request_with_a_body_is_refused_not_run_without_it():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(post("/load", b"{}", "Connection: Upgrade\r\nUpgrade: h2c\r\n"))
+            status, _, body = await read_response(reader)
+            assert status == 400 and "upgrade" in json.loads(body)["error"]
+            assert await closed(reader)
+    run(main())
+
+
+def test_a_chunked_trailer_is_not_taken_as_a_header():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\nInference-Header-Content-Length: 2\r\n\r\n")
+            status, _, body = await read_response(reader)
+            seen = json.loads(body)
+            assert status == 200 and seen["body"] == "abc"
+            assert "inference-header-content-length" not in seen["headers"]
+            writer.close()
+    run(main())
+
+
+def test_a_trailer_that_never_ends_is_refused_once_it_passes_the_limit():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\nX-Endless: ")
+            for _ in range(4 * http1.MAX_HEAD_BYTES // 4096):
+                writer.write(b"a" * 4096)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            status, _, body = await read_response(reader)
+            assert status == 431 and "trailer" in json.loads(body)["error"]
+    run(main())
+
+
+def test_an_unsupported_transfer_coding_gets_501():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 501 and "gzip" in json.loads(body)["error"]
+            assert await closed(reader)
+    run(main())
+
+
+def test_only_the_request_that_closes_the_connection_says_so():
+    # A pipelined request with `Connection: close` behind one still being served: the first
+    # answer keeps the connection open (a client would stop reading after it otherwise),
+    # and bytes after the closing request are dropped, not answered.
+    async def handle(request):
+        if request.path == "/slow":
+            await asyncio.sleep(0.05)
+        return Response(200, request.path.encode())
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET /slow HTTP/1.1\r\n\r\n"
+                         b"GET /last HTTP/1.1\r\nConnection: close\r\n\r\n"
+                         b"GET /dropped HTTP/1.1\r\n\r\n")
+            status, headers, body = await read_response(reader)
+            assert (status, body) == (200, b"/slow") and "connection" not in headers
+            status, headers, body = await read_response(reader)
+            assert (status, body, headers["connection"]) == (200, b"/last", "close")
+            assert await closed(reader)
+    run(main())
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_100_continue_waits_for_the_answers_before_it(version):
+    # HTTP/1.0 clients know no interim answers: theirs is never sent. Behind a request still
+    # being served, it waits for that request's answer, or the client would take it as that.
+    async def handle(request):
+        if request.path == "/slow":
+            await asyncio.sleep(0.05)
+        return Response(200, request.path.encode() + request.body)
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(f"GET /slow HTTP/{version}\r\nConnection: keep-alive\r\n\r\n"
+                         f"POST /next HTTP/{version}\r\nConnection: keep-alive\r\n"
+                         f"Content-Length: 4\r\nExpect: 100-continue\r\n\r\n".encode())
+            first = await asyncio.wait_for(reader.readuntil(b"/slow"), WAIT_S)
+            assert b"100 Continue" not in first
+            if version == "1.1":
+                interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+                assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"data")
+            status, _, body = await read_response(reader)
+            assert (status, body) == (200, b"/nextdata")
+            writer.close()
+    run(main())
+
+
+def test_an_absolute_form_target_is_served_by_its_path():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET http://x/v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["path"] == "/v2/health/live"
+            writer.close()
+    run(main())
+
+
 def test_a_handler_that_raises_gets_500_and_the_connection_goes_on():
     async def handle(request):
         if request.path == "/boom":
@@ -558,6 +671,16 @@ def test_routes_match_literals_names_and_patterns_in_the_order_added():
     assert router.resolve("POST", "/v2/models/m/infer") == ("infer", {"model": "m"})
     router.add("DELETE", "/v2/models/{model}/infer", "delete")
     assert router.resolve("DELETE", "/v2/models/m/infer") == ("delete", {"model": "m"})
+
+
+def test_the_router_keeps_no_paths_that_match_nothing():
+    router = Router()
+    router.add("GET", "/v2/models/{model}", "metadata")
+    for i in range(100):
+        with pytest.raises(NotFound):
+            router.resolve("GET", f"/nothing/{i}/" + "x" * 60_000)
+        router.resolve("GET", f"/v2/models/{'m' * 5000}{i}")  # a match, but too long to keep
+    assert router._cache == {}
 
 
 def test_error_response_is_tritons_json_error():
