@@ -371,19 +371,20 @@ def test_http_client_gone_mid_request_frees_the_instance(srv, http):
     while _pending(srv, "slow") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _pending(srv, "slow") == 0
-    time.sleep(1.5)
+    time.sleep(2.0)  # the aborted requests' 1.5 s sleeps end, with room for a slow machine
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     done = []
     started = time.monotonic()
     for _ in range(2):
-        client.async_infer("slow", [_input(grpcclient, "INPUT0", np.array([0.5], np.float32))],
+        client.async_infer("slow", [_input(grpcclient, "INPUT0", np.array([1.0], np.float32))],
                            callback=lambda result, error: done.append(
                                (error, time.monotonic() - started)))
-    while len(done) < 2 and time.monotonic() - started < 5:
+    while len(done) < 2 and time.monotonic() - started < 8:
         time.sleep(0.01)
     client.close()
     assert [e for e, _ in done] == [None, None]
-    assert max(t for _, t in done) < 0.95  # two instances free: in parallel
+    # Two instances free: in parallel (one after the other would take 2 s or more).
+    assert max(t for _, t in done) < 1.9
     base.recovered(http)
 
 
