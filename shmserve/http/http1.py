@@ -294,7 +294,13 @@ class _Connection(asyncio.Protocol):
         url = self._url
         # Absolute-form targets (http://host/path) are for proxies, but servers accept them.
         if url[:1] != b"/" or b"?" in url or b"#" in url:
-            parsed = httptools.parse_url(url)
+            try:
+                parsed = httptools.parse_url(url)
+            except httptools.HttpParserInvalidURLError:
+                # CONNECT's authority form (host:port), or no URL at all: nothing to route.
+                self._refuse(error_response(
+                    400, f"the request target '{url[:200].decode('latin-1')}' is not a path"))
+                raise httptools.HttpParserError("request target not a path")
             path, query = parsed.path or b"", parsed.query or b""
         else:
             path, query = url, b""

@@ -430,6 +430,18 @@ def test_an_absolute_form_target_is_served_by_its_path():
     run(main())
 
 
+def test_a_target_that_is_not_a_path_gets_400_and_the_connection_closes():
+    async def main():
+        async with serving() as server:
+            reader, writer = await connect(server)
+            writer.write(b"CONNECT x:80 HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert status == 400 and json.loads(body)["error"] == \
+                "the request target 'x:80' is not a path"
+            assert await closed(reader)
+    run(main())
+
+
 def test_a_handler_that_raises_gets_500_and_the_connection_goes_on():
     async def handle(request):
         if request.path == "/boom":
