@@ -296,12 +296,17 @@ def test_a_head_that_never_ends_is_refused_once_it_passes_the_limit():
     b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ])
 def test_a_malformed_request_gets_400_and_the_connection_closes(garbage):
+    assert_refused(garbage, 400, "malformed HTTP request")
+
+
+def assert_refused(raw: bytes, status: int, text: str) -> None:
+    """`raw` is answered `status` with `text` in its error, then the connection closes."""
     async def main():
         async with serving() as server:
             reader, writer = await connect(server)
-            writer.write(garbage)
-            status, _, body = await read_response(reader)
-            assert status == 400 and "malformed HTTP request" in json.loads(body)["error"]
+            writer.write(raw)
+            got, _, body = await read_response(reader)
+            assert got == status and text in json.loads(body)["error"]
             assert await closed(reader)
     run(main())
 
@@ -318,14 +323,7 @@ def test_an_upgrade_request_is_answered_plainly_then_the_connection_closes():
 
 
 def test_an_upgrade_request_with_a_body_is_refused_not_run_without_it():
-    async def main():
-        async with serving() as server:
-            reader, writer = await connect(server)
-            writer.write(post("/load", b"{}", "Connection: Upgrade\r\nUpgrade: h2c\r\n"))
-            status, _, body = await read_response(reader)
-            assert status == 400 and "upgrade" in json.loads(body)["error"]
-            assert await closed(reader)
-    run(main())
+    assert_refused(post("/load", b"{}", "Connection: Upgrade\r\nUpgrade: h2c\r\n"), 400, "upgrade")
 
 
 def test_a_chunked_trailer_is_not_taken_as_a_header():
@@ -358,15 +356,8 @@ def test_a_trailer_that_never_ends_is_refused_once_it_passes_the_limit():
 
 
 def test_an_unsupported_transfer_coding_gets_501():
-    async def main():
-        async with serving() as server:
-            reader, writer = await connect(server)
-            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
-                         b"3\r\nabc\r\n0\r\n\r\n")
-            status, _, body = await read_response(reader)
-            assert status == 501 and "gzip" in json.loads(body)["error"]
-            assert await closed(reader)
-    run(main())
+    assert_refused(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                   b"3\r\nabc\r\n0\r\n\r\n", 501, "gzip")
 
 
 def test_only_the_request_that_closes_the_connection_says_so():
@@ -431,15 +422,8 @@ def test_an_absolute_form_target_is_served_by_its_path():
 
 
 def test_a_target_that_is_not_a_path_gets_400_and_the_connection_closes():
-    async def main():
-        async with serving() as server:
-            reader, writer = await connect(server)
-            writer.write(b"CONNECT x:80 HTTP/1.1\r\nHost: x\r\n\r\n")
-            status, _, body = await read_response(reader)
-            assert status == 400 and json.loads(body)["error"] == \
-                "the request target 'x:80' is not a path"
-            assert await closed(reader)
-    run(main())
+    assert_refused(b"CONNECT x:80 HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+                   "the request target 'x:80' is not a path")
 
 
 def test_a_handler_that_raises_gets_500_and_the_connection_goes_on():
