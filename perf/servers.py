@@ -86,6 +86,22 @@ def tree_cpu_seconds(root: int) -> float:
     return sum(int(stats[pid][11]) + int(stats[pid][12]) for pid in _tree(root, stats)) / CLK_TCK
 
 
+def split_cpu_seconds(root: int) -> tuple[float, float]:
+    """(root's utime + stime, its live descendants' together): a server's front process (or
+    tritonserver) apart from its model processes (workers, python-backend stubs). At high load
+    a front near a whole core while the machine has idle CPU is the limit."""
+    stats = _all_stats()
+    cpu = {pid: (int(stats[pid][11]) + int(stats[pid][12])) / CLK_TCK for pid in _tree(root, stats)}
+    front = cpu.pop(root, 0.0)
+    return front, sum(cpu.values())
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's children that have ended (perf_analyzer runs, say)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def host_steal_seconds() -> float:
     """CPU time the hypervisor gave to others while this VM's CPUs wanted it ("steal" in
     /proc/stat), summed over all CPUs; 0 where the kernel does not count it."""
