@@ -18,6 +18,7 @@ from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.ipc.malloc import keep_large_blocks
+from shmserve.ipc.priority import set_front_nice
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
 from shmserve.summaries import DEFAULT_QUANTILES, parse_quantiles
@@ -80,6 +81,16 @@ def _non_negative_int(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'")
+    return value
+
+
+def _nice(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not -20 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"expected a nice value from -20 to 19, got '{text}'")
     return value
 
 
@@ -210,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       "after one ended before it sleeps, while the machine "
                                       "has 3/4 of a core idle "
                                       f"(default {DEFAULT_SPIN_US}; 0: never)")
+    p.add_argument("--front-nice", type=_nice, metavar="N",
+                   help="shmserve's own: the scheduling priority (nice, -20 to 19) of the event-"
+                        "loop thread every request passes through, as nginx's worker_priority; "
+                        "model workers keep the server's. Below the starting value it needs "
+                        "CAP_SYS_NICE (default: left as started)")
     p.add_argument("--pipeline-below-us", type=_non_negative_int,
                    default=DEFAULT_PIPELINE_BELOW_US, metavar="US",
                    help="an instance whose batches take less than this is sent its next "
@@ -408,6 +424,8 @@ def main(argv=None) -> int:
         runner = uvloop.run
     except ImportError:  # uvloop is a dependency; this keeps odd platforms working
         runner = asyncio.run
+    if args.front_nice is not None:
+        set_front_nice(args.front_nice)  # before the loop starts: its thread is this one
     try:
         runner(Server(options).serve_forever())
     except (OSError, StartupError) as exc:

@@ -71,9 +71,11 @@ def main(argv: list) -> int:
     from shmserve.ipc.channel import SyncChannel
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
+    from shmserve.ipc.priority import restore_worker_nice
     from shmserve.ipc.shm import Segment
     from workers.runner import ModelRunner, RunnerError
 
+    restore_worker_nice()
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
     spin_us = int(argv[2]) if len(argv) > 2 else DEFAULT_SPIN_US

@@ -328,3 +328,22 @@ def test_exit_on_error_false_serves_the_models_that_loaded(test_repository, tmp_
         assert "failed to load 'fault_init_raises'" in server.log()
     finally:
         stop_server(server)
+
+
+def _nice(pid: int) -> int:
+    """The nice value of the thread whose id is `pid` (a process's main thread)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a nice value below the starting one needs root "
+                                              "(CAP_SYS_NICE)")
+def test_front_nice_moves_the_front_only_and_the_workers_keep_the_starting_value(launch):
+    started = os.getpriority(os.PRIO_PROCESS, 0)
+    srv = launch("--front-nice", str(started - 5))
+    assert _nice(srv.process.pid) == started - 5
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.process.pid)],
+                                              capture_output=True, text=True).stdout.split()]
+    assert len(workers) == 2 and [_nice(w) for w in workers] == [started, started]
+    with httpclient.InferenceServerClient(srv.http_url) as client:  # it still serves
+        assert client.infer("life_sleep", _sleep_inputs(0.0)) is not None
