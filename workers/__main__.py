@@ -62,6 +62,10 @@ def _follow_verbose() -> None:
 
 
 def main(argv: list) -> int:
+    # First: threads take their creator's nice value, and the log thread, or numpy's BLAS
+    # threads (started as it is imported), must not keep the front's (see priority.py).
+    from shmserve.ipc.priority import restore_worker_nice
+    restore_worker_nice()
     fd = int(argv[1])
     # The front owns shutdown; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -71,11 +75,9 @@ def main(argv: list) -> int:
     from shmserve.ipc.channel import SyncChannel
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
-    from shmserve.ipc.priority import restore_worker_nice
     from shmserve.ipc.shm import Segment
     from workers.runner import ModelRunner, RunnerError
 
-    restore_worker_nice()
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
     spin_us = int(argv[2]) if len(argv) > 2 else DEFAULT_SPIN_US
