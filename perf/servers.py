@@ -80,12 +80,6 @@ def process_tree(root: int) -> list[int]:
     return _tree(root, _all_stats())
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """utime + stime of root and all its live descendants."""
-    stats = _all_stats()
-    return sum(int(stats[pid][11]) + int(stats[pid][12]) for pid in _tree(root, stats)) / CLK_TCK
-
-
 def split_cpu_seconds(root: int) -> tuple[float, float]:
     """(root's utime + stime, its live descendants' together): a server's front process (or
     tritonserver) apart from its model processes (workers, python-backend stubs). At high load
@@ -94,6 +88,11 @@ def split_cpu_seconds(root: int) -> tuple[float, float]:
     cpu = {pid: (int(stats[pid][11]) + int(stats[pid][12])) / CLK_TCK for pid in _tree(root, stats)}
     front = cpu.pop(root, 0.0)
     return front, sum(cpu.values())
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """utime + stime of root and all its live descendants."""
+    return sum(split_cpu_seconds(root))
 
 
 def children_cpu_seconds() -> float:
