@@ -238,7 +238,8 @@ class InferenceServicer:
             # (a full queue), and gRPC retry policies treat it as retryable.
             raise _rpc_error(exc) from None
         metadata = context.invocation_metadata() if self.header_pattern is not None else None
-        stream = _Stream(self.dp, self.max_inflight_per_stream, metadata, self.header_pattern)
+        stream = _Stream(self.dp, self.max_inflight_per_stream, metadata, self.header_pattern,
+                         context)
         if self.dp.tracer.on:  # the call's trace context, for each of its requests
             stream.traceparent = _traceparent(context)
         reader = asyncio.ensure_future(stream.read(request_iterator))
@@ -274,15 +275,18 @@ class _Stream:
     response as it comes, so that responses leave in the order the models sent them, and
     waits for its response to be written once more than QUEUED_BEFORE_WAITING are queued (so
     a slow client slows the model, see dataplane.stream), while other requests' single
-    responses line up in request order.
+    responses line up in request order. A decoupled response with nothing ahead of it is
+    written at once instead (`_leaves_now`).
 
     At most `max_inflight` requests are served at once; one more is answered UNAVAILABLE at
     once. Requests whose answers are not yet written (rejections included) are bounded too,
     at twice that: a client that sends faster than it reads stops being read from."""
 
     def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION,
-                 metadata=None, header_pattern=None):
+                 metadata=None, header_pattern=None, call=None):
         self.dp = dp
+        self._call = call  # the transport's, for send_now (None: every response is yielded)
+        self._consumer_waiting = False  # next() waits, and all it returned was written
         self._metadata = metadata  # the stream's, for header forwarding (or None)
         self._header_pattern = header_pattern
         self._ready: asyncio.Queue = asyncio.Queue()  # (message, written future or None)
@@ -340,7 +344,11 @@ class _Stream:
             # have been taken already, by the turn that returned that answer.
             if self._done():
                 return None
-            item = await self._ready.get()
+            self._consumer_waiting = True
+            try:
+                item = await self._ready.get()
+            finally:
+                self._consumer_waiting = False
             if item is not None:
                 return item
 
@@ -366,8 +374,11 @@ class _Stream:
                 async for item in responses:
                     if item.response is None and item.error is None and not empty_final:
                         continue
+                    out = _stream_response(msg, item)
+                    if self._leaves_now(out):
+                        continue
                     written = loop.create_future()
-                    self._ready.put_nowait((_stream_response(msg, item), written))
+                    self._ready.put_nowait((out, written))
                     # Back to the model at once while the client keeps up: responses then
                     # leave in the order they came, across requests too. Past the bound, a
                     # client that reads slowly slows the model.
@@ -375,6 +386,14 @@ class _Stream:
                         await written
         except ServerError as exc:
             self._ready.put_nowait((_Failure(msg, exc, True), None))
+
+    def _leaves_now(self, out) -> bool:
+        """Writes `out` at once when nothing is ahead of it: nothing queued, and next() is
+        back waiting (so all it returned was written). It saves the turn of the loop that
+        waking next() takes, on every response of a stream (time to first response, c1:
+        about a tenth)."""
+        return (self._consumer_waiting and self._ready.empty() and self._call is not None
+                and not isinstance(out, _Failure) and self._call.send_now(out))
 
     def _decode(self, msg):
         request = codec.decode_model_infer_request(msg)
