@@ -495,16 +495,11 @@ class _Connection(asyncio.Protocol):
                 or (self._paused is not None and not self._paused.done())
                 or len(data) > self.server.max_message_size):
             return False
-        conn = self.http2
-        sid = call.stream_id
-        if len(data) + 5 > min(conn.send_window(sid), conn.max_outbound_frame_size):
+        first_of_burst = not self._flush_scheduled  # as _stream writes it
+        if not self._send_in_one_frame(call, b"\0", data):
             return False
-        first_of_burst = not self._flush_scheduled
-        conn.send_data(sid, b"\0" + len(data).to_bytes(4, "big") + data)
         if first_of_burst:
             self.flush()
-        else:
-            self.flush_soon()
         return True
 
     async def _send_message(self, call: _Call, data: bytes) -> None:
@@ -529,12 +524,19 @@ class _Connection(asyncio.Protocol):
             packed = _compress(data, call.response_encoding)
             if len(packed) < len(data):  # else it goes as it is, as gRPC's do
                 data, flag = packed, b"\1"
-        prefix = flag + len(data).to_bytes(4, "big")
-        if len(data) + 5 <= min(conn.send_window(sid), conn.max_outbound_frame_size):
-            conn.send_data(sid, prefix + data)  # one frame: the common case, no waiting
-            self.flush_soon()
-            return
-        await self._send_large(call, prefix, memoryview(data))
+        if not self._send_in_one_frame(call, flag, data):
+            await self._send_large(call, flag + len(data).to_bytes(4, "big"), memoryview(data))
+
+    def _send_in_one_frame(self, call: _Call, flag: bytes, data: bytes) -> bool:
+        """Message `data` as one DATA frame, written by the flush_soon it asks for: the
+        common case, no waiting. False when the window or the frame size is too small."""
+        conn = self.http2
+        sid = call.stream_id
+        if len(data) + 5 > min(conn.send_window(sid), conn.max_outbound_frame_size):
+            return False
+        conn.send_data(sid, flag + len(data).to_bytes(4, "big") + data)
+        self.flush_soon()
+        return True
 
     async def _send_large(self, call: _Call, prefix: bytes, view: memoryview) -> None:
         conn = self.http2
