@@ -390,8 +390,8 @@ class _Stream:
     def _leaves_now(self, out) -> bool:
         """Writes `out` at once when nothing is ahead of it: nothing queued, and next() is
         back waiting (so all it returned was written). It saves the turn of the loop that
-        waking next() takes, on every response of a stream (time to first response, c1:
-        about a tenth)."""
+        waking next() takes, on every response of a stream (time to first response at c1:
+        2-12 % less in alternating runs)."""
         return (self._consumer_waiting and self._ready.empty() and self._call is not None
                 and not isinstance(out, _Failure) and self._call.send_now(out))
 
