@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 
 from pa_runner import measure
 from servers import (add_server_arguments, add_steal_arguments, measure_steady, new_run, REPO_ROOT, Server,
-                     ServerError, ShmServer, tree_cpu_seconds, fmt, ratio)
+                     ServerError, ShmServer, serve_and_measure, tree_cpu_seconds, fmt, ratio)
 
 MODEL = "repeat"
 RESPONSES = 100
@@ -168,21 +168,20 @@ def run_latency_rounds(servers: dict, names, rounds: int, records: list, args) -
     for r in range(rounds):
         for name in (names if r % 2 == 0 else list(reversed(names))):
             server = servers[name]
-            try:
-                server.start()
-                server.wait_model_ready(MODEL)
-                rec = dict(server=name, kind="latency_round", round=r,
-                           **measure_steady(lambda: stream_latency(server), args.max_steal,
-                                            args.steal_reruns))
+
+            def one_round(errs, server=server, r=r):
+                try:
+                    server.wait_model_ready(MODEL)
+                    rec = dict(server=server.name, kind="latency_round", round=r,
+                               **measure_steady(lambda: stream_latency(server), args.max_steal,
+                                                args.steal_reruns))
+                except (grpcclient.InferenceServerException, queue.Empty) as e:
+                    errs.append(f"{server.name}, latency round {r}: {e!r}")
+                    return
                 print(json.dumps(rec), file=sys.stderr, flush=True)
                 records.append(rec)
-                rounds_of[name].append(rec)
-            except (ServerError, OSError, grpcclient.InferenceServerException, queue.Empty) as e:
-                errors.append(f"{name}, latency round {r}: {e!r}")
-            finally:
-                leftovers = server.stop()
-            if leftovers:
-                errors.append(f"{name}: processes {leftovers} outlived the server (killed)")
+                rounds_of[server.name].append(rec)
+            errors += serve_and_measure(server, one_round)
     for name, recs in rounds_of.items():
         if recs:
             records.append(dict(server=name, kind="latency", rounds=len(recs),
