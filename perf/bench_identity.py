@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 
 import loadgen
 from pa_runner import measure
-from servers import add_server_arguments, add_steal_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, split_cpu_seconds, children_cpu_seconds, fmt, ratio
+from servers import add_server_arguments, add_steal_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, split_cpu_seconds, thread_sched_seconds, children_cpu_seconds, fmt, ratio
 
 MODELS = ("identity_fp32", "identity_fp32_20ms")
 SHAPE = (1, 16)
@@ -64,15 +64,21 @@ def run_perf_analyzer(server: Server, protocol: str, concurrency: int, pa: tuple
                       rep: int, model: str) -> dict:
     args = ["-m", model, "-u", f"127.0.0.1:{port_of(server, protocol)}", "-i", protocol,
             "--shape", f"INPUT0:{SHAPE[1]}", "--concurrency-range", f"{concurrency}:{concurrency}"]
-    (front0, model0), client0, t0 = split_cpu_seconds(server.pid), children_cpu_seconds(), time.monotonic()
+    # Triton's front is many threads, so only shmserve's loop thread is followed.
+    loop = thread_sched_seconds if server.name == "shmserve" else lambda pid: None
+    (front0, model0), client0, loop0, t0 = (split_cpu_seconds(server.pid), children_cpu_seconds(),
+                                            loop(server.pid), time.monotonic())
     m = measure(*pa, args, out_dir / "pa" / f"{server.name}_{protocol}_c{concurrency}_r{rep}")
-    (front1, model1), client1 = split_cpu_seconds(server.pid), children_cpu_seconds()
+    (front1, model1), client1, loop1 = split_cpu_seconds(server.pid), children_cpu_seconds(), loop(server.pid)
     wall = time.monotonic() - t0
     stats = m.server_stats
     avg_batch = stats["inference_count"] / stats["execution_count"] if stats and stats["execution_count"] else None
+    looped = loop0 is not None and loop1 is not None
     return dict(server_cpu_cores=round((front1 + model1 - front0 - model0) / wall, 3),
                 front_cpu_cores=round((front1 - front0) / wall, 3),
                 model_cpu_cores=round((model1 - model0) / wall, 3),
+                loop_run_cores=round((loop1[0] - loop0[0]) / wall, 3) if looped else None,
+                loop_wait_cores=round((loop1[1] - loop0[1]) / wall, 3) if looped else None,
                 client_cpu_cores=round((client1 - client0) / wall, 3), avg_batch=avg_batch, **vars(m))
 
 
@@ -126,7 +132,7 @@ def median(values):
 
 
 FIGURES = ("infer_per_s", "p50_ms", "p99_ms", "server_cpu_cores", "front_cpu_cores", "model_cpu_cores", "avg_batch",
-           "client_cpu_cores", "window_spread", "steal_cores")
+           "loop_run_cores", "loop_wait_cores", "client_cpu_cores", "window_spread", "steal_cores")
 BREAKDOWN = ("request_us", "queue_us", "compute_infer_us")
 
 
@@ -164,6 +170,13 @@ def split(d: dict) -> str:
     return f"{fmt(d.get('front_cpu_cores'), '.2f')}+{fmt(d.get('model_cpu_cores'), '.2f')}"
 
 
+def loop_split(d: dict) -> str:
+    """shmserve's loop thread: running + ready and waiting for a core, in cores."""
+    if d.get("loop_run_cores") is None:
+        return "–"
+    return f"{fmt(d.get('loop_run_cores'), '.2f')}+{fmt(d.get('loop_wait_cores'), '.2f')}"
+
+
 def markdown_row(cells) -> str:
     return "| " + " | ".join(cells) + " |"
 
@@ -191,8 +204,9 @@ def target_table(summary: dict, cases, tools) -> tuple[str, dict]:
 def perf_analyzer_table(summary: dict, cases) -> str:
     lines = [markdown_row(["protocol", "conc", "infer/s", "p50 ms", "p99 ms", "avg batch", "server request µs",
                            "queue µs", "compute infer µs", "breakdown printed", "server CPU cores",
-                           "front + model CPU cores", "perf_analyzer CPU cores", "host steal cores"]),
-             markdown_row(["---", "---:"] + ["---:"] * 7 + ["---", "---:", "---:", "---:", "---:"])]
+                           "front + model CPU cores", "shmserve loop thread: run + wait cores",
+                           "perf_analyzer CPU cores", "host steal cores"]),
+             markdown_row(["---", "---:"] + ["---:"] * 7 + ["---", "---:", "---:", "---:", "---:", "---:"])]
     yes_no = lambda v: "–" if v is None else ("yes" if v else "NO")
     for protocol, concurrency in cases:
         t = summary["perf_analyzer", "triton", protocol, concurrency]
@@ -202,7 +216,8 @@ def perf_analyzer_table(summary: dict, cases) -> str:
             pair(t, s, "p99_ms", ".2f"), pair(t, s, "avg_batch", ".1f"), pair(t, s, "request_us", ".0f"),
             pair(t, s, "queue_us", ".0f"), pair(t, s, "compute_infer_us", ".0f"),
             f"{yes_no(t['breakdown'])} / {yes_no(s['breakdown'])}", pair(t, s, "server_cpu_cores", ".2f"),
-            f"{split(t)} / {split(s)}", pair(t, s, "client_cpu_cores", ".2f"), pair(t, s, "steal_cores", ".2f")]))
+            f"{split(t)} / {split(s)}", loop_split(s), pair(t, s, "client_cpu_cores", ".2f"),
+            pair(t, s, "steal_cores", ".2f")]))
     return "\n".join(lines)
 
 
@@ -234,8 +249,10 @@ def report(records: list[dict], errors: list[str], cases, tools, args, elapsed_s
         "server-side breakdown perf_analyzer printed (averages per request). Server CPU = the server's process "
         "tree over the whole perf_analyzer run, split into the front process (tritonserver, or shmserve's) and "
         "the model processes (python-backend stubs, or workers). shmserve's front runs its loop on one thread "
-        "(tritonserver has many), so its front near 1 core while the machine has CPU to spare is what limits "
-        "its throughput. perf_analyzer CPU = the client's own, "
+        "(tritonserver has many); the loop thread's column is its time on a core + its time ready to run "
+        "but waiting for one (the kernel's schedstat). A sum near 1 means the loop was never idle, so it "
+        "limits the throughput however little of a core it got; the wait is time other threads held its "
+        "core (perf_analyzer's, woken by the answers the loop wrote). perf_analyzer CPU = the client's own, "
         "over the same run. Host steal = CPU time the hypervisor took from this VM over the "
         f"run, in cores (of {os.cpu_count()}); a run above {args.max_steal:g} was taken again, up to "
         f"{args.steal_reruns} times.\n"]

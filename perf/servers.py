@@ -90,6 +90,19 @@ def split_cpu_seconds(root: int) -> tuple[float, float]:
     return front, sum(cpu.values())
 
 
+def thread_sched_seconds(pid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds ready to run and waiting for one) of a process's main thread,
+    from the kernel's schedstat; None where the kernel keeps none. shmserve's event loop runs on
+    its main thread: a loop that is busy or ready all the time limits the throughput however
+    little it runs, and the waiting is the time other threads held its core."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return run_ns / 1e9, wait_ns / 1e9
+
+
 def tree_cpu_seconds(root: int) -> float:
     """utime + stime of root and all its live descendants."""
     return sum(split_cpu_seconds(root))
