@@ -3,7 +3,7 @@ shmserve, in one run, with perf_analyzer and with our own load generator (loadge
 
     .venv/bin/python perf/bench_identity.py [--only triton|shmserve] [--reps N] [--no-loadgen]
                                             [--concurrency 1 8 32 64] [--protocols grpc http]
-                                            [--model identity_fp32_20ms]
+                                            [--model identity_fp32_20ms|identity_fp32_delay150]
 
 Both servers serve perf/triton_repo/ (the same model files). They run one after the other, never
 together, so neither takes CPU from the other; with --reps > 1 the order alternates. Each one is
@@ -13,7 +13,8 @@ target first) and writes everything under perf/results/.
 
 `--model identity_fp32_20ms` runs the same identity behind 20 ms per execute() at any batch size (a
 stand-in for a GPU model), where throughput follows how many requests each batch holds;
-perf_analyzer only.
+`--model identity_fp32_delay150` the same identity_fp32 with max_queue_delay_microseconds 150 on
+both servers, where batches wait for more requests; perf_analyzer only.
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ import loadgen
 from pa_runner import measure
 from servers import add_server_arguments, add_steal_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, split_cpu_seconds, thread_sched_seconds, children_cpu_seconds, fmt, ratio
 
-MODELS = ("identity_fp32", "identity_fp32_20ms")
+MODELS = ("identity_fp32", "identity_fp32_20ms", "identity_fp32_delay150")
 SHAPE = (1, 16)
 TOOLS = ("perf_analyzer", "loadgen")
 # The issue's target, per case: shmserve / Triton.
@@ -280,7 +281,8 @@ def parse_args():
     ap.add_argument("--loadgen-windows", type=int, default=3, help="measured windows (default 3)")
     ap.add_argument("--loadgen-window-s", type=float, default=2.0, help="seconds per window (default 2)")
     ap.add_argument("--model", choices=MODELS, default=MODELS[0],
-                    help="identity_fp32 (default), or identity_fp32_20ms: 20 ms a batch "
+                    help="identity_fp32 (default); identity_fp32_20ms: 20 ms a batch; "
+                         "identity_fp32_delay150: max_queue_delay_microseconds 150 "
                          "(perf_analyzer only)")
     add_server_arguments(ap)
     add_steal_arguments(ap)

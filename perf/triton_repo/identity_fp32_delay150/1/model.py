@@ -1,0 +1,1 @@
+../../identity_fp32/1/model.py
