@@ -251,9 +251,10 @@ def report(records: list[dict], errors: list[str], cases, tools, args, elapsed_s
         "tree over the whole perf_analyzer run, split into the front process (tritonserver, or shmserve's) and "
         "the model processes (python-backend stubs, or workers). shmserve's front runs its loop on one thread "
         "(tritonserver has many); the loop thread's column is its time on a core + its time ready to run "
-        "but waiting for one (the kernel's schedstat). A sum near 1 means the loop was never idle, so it "
-        "limits the throughput however little of a core it got; the wait is time other threads held its "
-        "core (perf_analyzer's, woken by the answers the loop wrote). perf_analyzer CPU = the client's own, "
+        "but waiting for one (the kernel's schedstat). Under load, a sum near 1 means the loop was never "
+        "idle, so it limits the throughput however little of a core it got; the wait is time other threads "
+        "held its core (perf_analyzer's, woken by the answers the loop wrote). At low load the loop polls "
+        "while a core is spare (--front-spin-us), which counts as running. perf_analyzer CPU = the client's own, "
         "over the same run. Host steal = CPU time the hypervisor took from this VM over the "
         f"run, in cores (of {os.cpu_count()}); a run above {args.max_steal:g} was taken again, up to "
         f"{args.steal_reruns} times.\n"]
