@@ -92,6 +92,21 @@ class RunningServer:
 
 
 def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0) -> RunningServer:
+    # A port free_port() found may be taken before the server binds it (the kernel hands the
+    # same ephemeral range to the clients' outgoing connections): start again on others.
+    for attempt in range(3):
+        try:
+            return _start_server(repo, log_path, *extra, wait_models=wait_models, timeout=timeout)
+        except PortTaken:
+            if attempt == 2:
+                raise
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start_server(repo: str, log_path: str, *extra, wait_models, timeout) -> RunningServer:
     ports = [free_port() for _ in range(3)]
     cmd = [sys.executable, "-m", "shmserve.cli", "--model-repository", repo,
            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
@@ -109,7 +124,9 @@ def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0)
     pending = list(wait_models)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"shmserve exited with {proc.returncode}:\n{server.log()}")
+            text = server.log()
+            error = PortTaken if "address already in use" in text else RuntimeError
+            raise error(f"shmserve exited with {proc.returncode}:\n{text}")
         try:
             urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1)
             while pending:
