@@ -4,7 +4,7 @@ and to shmserve, both serving perf/triton_repo at once, and prints every answer 
     .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
 
 The battery: HTTP requests good and bad (status and body), gRPC unary calls (status code and
-message, or the reply), ModelStreamInfer streams, sequences over HTTP, the faults of Python
+message, or the reply), every datatype in and out over both protocols (all_types), ModelStreamInfer streams, sequences over HTTP, the faults of Python
 models (model_faults, stream_faults), failed BLS calls (bls_faults), BLS calls from a decoupled
 model (bls_stream), ensembles and a faulty
 step (ens_faults), system shared memory over both protocols, the response headers a client
@@ -81,6 +81,9 @@ KNOWN = {
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
     "model fault 17": "the class named in the message is shmserve's InferenceResponse",
     "stream fault 8": "send() given a str: the TypeError's text is pybind's in Triton, ours in shmserve",
+    **{f"types {case}": "Triton 2.51 wraps an integer out of its datatype's range (256 as UINT8 is 0); "
+                        "shmserve refuses it (400)"
+       for case in ("UINT8 256", "UINT8 -1", "INT8 -129", "INT16 40000", "UINT32 2^32")},
 }
 # shmserve's wording -> Triton 2.51's, where the reference words it as shmserve does.
 REWORDED = (
@@ -103,6 +106,14 @@ def http_call(port, method, path, body=None, headers=None, timeout=10):
         return f"no answer within {timeout} s"
     finally:
         conn.close()
+    head_length = resp.getheader("Inference-Header-Content-Length")
+    if head_length is not None and head_length.isdigit():
+        # Binary outputs: the JSON header compared as JSON (its key order may differ), then
+        # the bytes after it.
+        try:
+            return resp.status, json.loads(data[:int(head_length)]), data[int(head_length):]
+        except ValueError:
+            pass
     try:
         return resp.status, json.loads(data)
     except ValueError:
@@ -118,6 +129,123 @@ def inp(**kw):
 def binary(header: dict, raw: bytes, length=None):
     head = json.dumps(header).encode()
     return head + raw, {"Inference-Header-Content-Length": str(len(head) if length is None else length)}
+
+
+T = "/v2/models/all_types/infer"
+# Two values of each datatype, at the ends of its range where it has ends.
+TYPE_VALUES = {
+    "BOOL": [True, False], "UINT8": [0, 255], "UINT16": [0, 65535], "UINT32": [0, 2**32 - 1],
+    "UINT64": [0, 2**64 - 1], "INT8": [-128, 127], "INT16": [-32768, 32767],
+    "INT32": [-2**31, 2**31 - 1], "INT64": [-2**63, 2**63 - 1], "FP16": [0.1, 65504.0],
+    "FP32": [0.1, 3.4e38], "FP64": [0.1, 1e308], "BYTES": ["abc", "\u00fc\u0000z"],
+}
+NUMPY_TYPES = {"BOOL": "?", "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+               "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2",
+               "FP32": "<f4", "FP64": "<f8"}
+# ModelInferRequest's typed contents field of each datatype (FP16 has none).
+TYPED_FIELDS = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
+                "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+                "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+def raw_of(datatype: str, values: list) -> bytes:
+    if datatype == "BYTES":
+        items = [v.encode() if isinstance(v, str) else v for v in values]
+        return b"".join(struct.pack("<I", len(item)) + item for item in items)
+    import numpy as np
+    return np.array(values, NUMPY_TYPES[datatype]).tobytes()
+
+
+def typed(datatype: str, shape, data, binary_output=False) -> dict:
+    """An all_types request of one input."""
+    request = {"inputs": [{"name": f"IN_{datatype}", "shape": shape, "datatype": datatype, "data": data}]}
+    if binary_output:
+        request["outputs"] = [{"name": f"OUT_{datatype}", "parameters": {"binary_data": True}}]
+    return request
+
+
+def datatype_cases():
+    """all_types: each datatype in and out, as JSON and as binary, and values that do not fit."""
+    cases = {}
+    for datatype, values in TYPE_VALUES.items():
+        cases[f"types json {datatype}"] = ("POST", T, typed(datatype, [2], values))
+        cases[f"types binary output {datatype}"] = ("POST", T, typed(datatype, [2], values, True))
+        raw = raw_of(datatype, values)
+        body, head = binary({"inputs": [{"name": f"IN_{datatype}", "shape": [2], "datatype": datatype,
+                                         "parameters": {"binary_data_size": len(raw)}}]}, raw)
+        cases[f"types binary input {datatype}"] = ("POST", T, body, head)
+        cases[f"types empty {datatype}"] = ("POST", T, typed(datatype, [0], []))
+        cases[f"types 2x0 {datatype}"] = ("POST", T, typed(datatype, [2, 0], []))
+    cases["types all at once"] = ("POST", T, {"inputs": [
+        {"name": f"IN_{d}", "shape": [2], "datatype": d, "data": v} for d, v in TYPE_VALUES.items()]})
+    cases["types none"] = ("POST", T, {"inputs": []})
+    for name, datatype, data in (
+            ("UINT8 256", "UINT8", [256]), ("UINT8 -1", "UINT8", [-1]), ("INT8 -129", "INT8", [-129]),
+            ("INT16 40000", "INT16", [40000]), ("UINT32 2^32", "UINT32", [2**32]),
+            ("UINT64 -1", "UINT64", [-1]), ("UINT64 2^64", "UINT64", [2**64]),
+            ("INT64 2^63", "INT64", [2**63]), ("INT32 1.5", "INT32", [1.5]),
+            ("INT32 1.0", "INT32", [1.0]), ("INT32 true", "INT32", [True]),
+            ("FP16 1e5", "FP16", [1e5]), ("FP64 integer", "FP64", [3]),
+            ("BOOL 1", "BOOL", [1]), ("BOOL string", "BOOL", ["true"]), ("BOOL null", "BOOL", [None]),
+            ("BYTES number", "BYTES", [1]), ("BYTES list", "BYTES", [["a"]]),
+            ("BYTES bool", "BYTES", [True]), ("INT32 string", "INT32", ["1"]),
+            ("INT32 null", "INT32", [None]), ("INT32 object", "INT32", [{"a": 1}])):
+        cases[f"types {name}"] = ("POST", T, typed(datatype, [len(data)], data))
+    for name, datatype, raw, size in (
+            ("BYTES binary truncated length", "BYTES", b"\x03\x00", 2),
+            ("BYTES binary length past the end", "BYTES", struct.pack("<I", 9) + b"abc", 7),
+            ("BYTES binary one element for two", "BYTES", raw_of("BYTES", ["a"]), 5),
+            ("BYTES binary three elements for two", "BYTES", raw_of("BYTES", ["a", "b", "c"]), 15),
+            ("BYTES binary five elements for two", "BYTES", raw_of("BYTES", list("abcde")), 25),
+            ("BYTES binary two elements and 2 bytes", "BYTES", raw_of("BYTES", ["a", "b"]) + b"\x00\x00", 12),
+            ("BYTES binary two elements, the second past the end", "BYTES",
+             raw_of("BYTES", ["a"]) + struct.pack("<I", 5) + b"bc", 11),
+            ("BYTES binary empty elements", "BYTES", raw_of("BYTES", ["", ""]), 8),
+            ("INT64 binary short", "INT64", bytes(12), 12),
+            ("BOOL binary 2", "BOOL", b"\x02\x01", 2),
+            ("FP16 binary", "FP16", raw_of("FP16", [1.5, -2.0]), 4)):
+        body, head = binary({"inputs": [{"name": f"IN_{datatype}", "shape": [2], "datatype": datatype,
+                                         "parameters": {"binary_data_size": size}}]}, raw)
+        cases[f"types {name}"] = ("POST", T, body, head)
+    one = struct.pack("<I", 9) + b"abc"
+    body, head = binary({"inputs": [{"name": "IN_BYTES", "shape": [1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(one)}}]}, one)
+    cases["types BYTES binary one element past the end"] = ("POST", T, body, head)
+    return cases
+
+
+def grpc_datatype_cases():
+    """all_types over gRPC: each datatype as raw bytes and in its typed contents field."""
+    cases = {}
+    for datatype, values in TYPE_VALUES.items():
+        cases[f"grpc types raw {datatype}"] = ("ModelInfer", grpc_request(
+            model="all_types", name=f"IN_{datatype}", datatype=datatype, shape=(2,),
+            raw=(raw_of(datatype, values),)))
+        field = TYPED_FIELDS.get(datatype, "fp32_contents")  # FP16: no field of its own
+        request = grpc_request(model="all_types", name=f"IN_{datatype}", datatype=datatype,
+                               shape=(2,), raw=())
+        contents = [v.encode() for v in values] if datatype == "BYTES" else values
+        getattr(request.inputs[0].contents, field).extend(contents)
+        cases[f"grpc types typed {datatype}"] = ("ModelInfer", request)
+    wrong = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2,), raw=())
+    wrong.inputs[0].contents.fp32_contents.extend([1.0, 2.0])
+    both = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2,),
+                        raw=(raw_of("INT32", [1, 2]),))
+    both.inputs[0].contents.int_contents.extend([1, 2])
+    many = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2,), raw=())
+    many.inputs[0].contents.int_contents.extend([1, 2, 3])
+    int8 = grpc_request(model="all_types", name="IN_INT8", datatype="INT8", shape=(1,), raw=())
+    int8.inputs[0].contents.int_contents.append(300)
+    cases.update({
+        "grpc types typed in the wrong field": ("ModelInfer", wrong),
+        "grpc types typed and raw": ("ModelInfer", both),
+        "grpc types typed too many": ("ModelInfer", many),
+        "grpc types typed INT8 300": ("ModelInfer", int8),
+        "grpc types BYTES raw truncated": ("ModelInfer", grpc_request(
+            model="all_types", name="IN_BYTES", datatype="BYTES", shape=(2,), raw=(b"\x01\x00\x00\x00a\x05",))),
+    })
+    return cases
 
 
 def http_cases():
@@ -179,6 +307,8 @@ def http_cases():
         "infer decoupled model": ("POST", "/v2/models/repeat/infer", {"inputs": [
             {"name": "IN", "shape": [2], "datatype": "INT32", "data": [1, 2]}]}),
         "generate": ("POST", M + "/generate", {"INPUT0": [1, 2, 3, 4]}),
+        "generate FP32 values": ("POST", M + "/generate", {"INPUT0": [0.1, 3.4e38]}),
+        "generate one FP32 value": ("POST", M + "/generate", {"INPUT0": 0.1}),
         "generate decoupled model": ("POST", "/v2/models/repeat/generate", {"IN": [1, 2]}),
         "generate decoupled model sending none": ("POST", "/v2/models/repeat/generate", {"IN": []}),
         "generate_stream key order": ("POST", "/v2/models/repeat/generate_stream", {"IN": [1, 2]}),
@@ -517,14 +647,14 @@ def answers(ports):
     """Every case's answer from the server on (http, grpc, metrics) ports."""
     http_port, grpc_port, metrics_port = ports
     out = {}
-    for name, case in http_cases().items():
+    for name, case in {**http_cases(), **datatype_cases()}.items():
         out[name] = http_call(http_port, *case)
     for name, case in header_cases().items():
         out[name] = http_headers(http_port, *case)
     out.update(shm_answers(http_port, grpc_port))
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
-    for name, (method, request) in grpc_cases().items():
+    for name, (method, request) in {**grpc_cases(), **grpc_datatype_cases()}.items():
         out[name] = grpc_answer(stub, method, request)
     for name, (requests, metadata) in stream_cases().items():
         out[name] = stream_answer(channel, requests, metadata)

@@ -777,10 +777,8 @@ def _check_byte_size(t, data, model: str, limit: int) -> None:
             return
         try:
             datatypes.check_bytes(data, count)
-        except ValueError as exc:
-            raise ServerError(Code.INVALID_ARG,
-                              f"unexpected number of string elements for inference input "
-                              f"'{t.name}' for model '{model}': {exc}") from None
+        except datatypes.BytesLayoutError as exc:
+            raise _bytes_layout_error(exc, t.name, model, count) from None
         return
     expected = count * datatypes.element_size(t.datatype)
     if expected > limit:
@@ -790,6 +788,29 @@ def _check_byte_size(t, data, model: str, limit: int) -> None:
         raise ServerError(Code.INVALID_ARG,
                           f"input byte size mismatch for input '{t.name}' for model '{model}'. "
                           f"Expected {expected}, got {nbytes}")
+
+
+def _bytes_layout_error(exc, name: str, model: str, count: int) -> ServerError:
+    """Triton's words for each way a BYTES tensor's bytes can miss its shape."""
+    if exc.problem == "length":
+        return ServerError(Code.INVALID_ARG,
+                           f"incomplete string length indicator for inference input '{name}' "
+                           f"for model '{model}', expecting 4 bytes but only {exc.available} "
+                           f"bytes available. Please make sure the string length indicator is "
+                           f"in one buffer.")
+    if exc.problem == "many":
+        return ServerError(Code.INVALID_ARG,
+                           f"unexpected number of string elements {exc.found} for inference "
+                           f"input '{name}' for model '{model}', expecting {count}")
+    if exc.problem == "data":
+        # Triton's Python backend finds this one as it reads the elements, after the
+        # request was validated: its message names neither the request nor the model.
+        return ReadError(Code.INVALID_ARG,
+                         f"incomplete string data for inference input '{name}', expecting "
+                         f"string of length {exc.size} but only {exc.available} bytes available")
+    return ServerError(Code.INVALID_ARG,
+                       f"expected {count} string elements for inference input '{name}' for "
+                       f"model '{model}', got {exc.found}")
 
 
 def _too_large(name: str, model: str, nbytes: int, limit: int) -> ServerError:

@@ -140,6 +140,10 @@ def json_numbers(array):
     null; Triton writes NaN, Infinity and -Infinity, which tritonclient reads back as floats."""
     if type(array) is not np.ndarray or array.dtype.kind != "f":
         return array
+    if array.dtype == np.float32:
+        # Triton writes an FP32 value as the double it is exactly (0.1 as
+        # 0.10000000149011612), not as the shortest text that reads back as that float32.
+        array = array.astype(np.float64)
     finite = np.isfinite(array)
     if finite.all():
         return array
@@ -151,8 +155,10 @@ def json_numbers(array):
 
 def json_number(value):
     """One element as orjson should write it (see json_numbers)."""
-    if isinstance(value, np.floating) and not np.isfinite(value):
-        return orjson.Fragment(_non_finite_token(value))
+    if isinstance(value, np.floating):
+        if not np.isfinite(value):
+            return orjson.Fragment(_non_finite_token(value))
+        return float(value)  # an FP32 value as the double it is, as json_numbers writes it
     return value
 
 
@@ -315,7 +321,8 @@ def _check_shm_params(params: dict) -> None:
 def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memoryview | bytes:
     """Wire bytes of a JSON `data` array (flat or nested) for a tensor of `shape`;
     INVALID_ARG when the values do not fit the datatype or the shape."""
-    if datatype in ("FP16", "BF16"):
+    if datatype in ("FP16", "BF16") and (type(data) is not list or _holds(data, _ELEMENT)):
+        # As Triton: an empty array has no value to refuse.
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary "
             f"data format for input {name}"
@@ -338,30 +345,38 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
             "or nested too deep"
         ) from None
     _check_count(name, shape, expected, array.size)
-    if array.size:
-        kind = array.dtype.kind
-        limits = _INT_LIMITS.get(datatype)
-        if kind != "b" and _holds_bool(data):
+    if not array.size:
+        return b""
+    kind = array.dtype.kind
+    limits = _INT_LIMITS.get(datatype)
+    if kind != "b" and _holds(data, bool):
+        raise _bad_values(name, datatype)
+    if limits is not None and kind in "fO":
+        # Triton takes only JSON integers for an integer type: 1.0 is refused like 1.5.
+        if _holds(data, float):
             raise _bad_values(name, datatype)
-        if limits is not None and kind in "fO":
-            array = _exact_integers(name, datatype, data, array)
-        elif kind not in _JSON_KINDS[datatype]:
-            raise _bad_values(name, datatype)
-        elif limits is not None and (array.min() < limits.min or array.max() > limits.max):
-            raise _out_of_range(name, datatype)
+        array = _exact_integers(name, datatype, data, array)
+    elif kind not in _JSON_KINDS[datatype]:
+        raise _bad_values(name, datatype)
+    elif limits is not None and (array.min() < limits.min or array.max() > limits.max):
+        raise _out_of_range(name, datatype)
     with np.errstate(over="ignore"):  # beyond FP32's range is an infinity, as in Triton
         array = array.astype(datatypes.numpy_dtype(datatype), copy=False).reshape(-1)
     return memoryview(array.view(np.uint8))
 
 
-def _holds_bool(data: list) -> bool:
-    """Whether a (nested) list holds a JSON true or false: numpy reads them as 1 and 0 among
-    numbers, where Triton refuses them."""
+_ELEMENT = object()  # _holds: any element that is not a list
+
+
+def _holds(data: list, kind) -> bool:
+    """Whether a (nested) list holds an element of type `kind` (or any element, for
+    _ELEMENT). numpy reads true and false as 1 and 0 among numbers, and 1.0 as 1 for an
+    integer type: Triton refuses both."""
     pending = [data]
     while pending:
         items = pending.pop()
         types = set(map(type, items))
-        if bool in types:
+        if kind in types or (kind is _ELEMENT and types - {list}):
             return True
         if list in types:
             pending.extend(item for item in items if type(item) is list)

@@ -122,8 +122,23 @@ def deserialize_bytes(buffer, count: int = -1) -> list:
     return out
 
 
+class BytesLayoutError(ValueError):
+    """The bytes of a BYTES tensor do not hold its elements. `problem`, in the order Triton
+    looks for them: "length" (fewer than 4 bytes left for an element's length), "many" (an
+    element past the count: `found` is its number), "data" (the last element runs past the
+    end: `size` its length), "few" (`found` elements, fewer than the count). `available`:
+    the bytes left where the problem was found."""
+
+    def __init__(self, problem: str, found: int = 0, size: int = 0, available: int = 0):
+        super().__init__(f"{problem}: element {found}, length {size}, {available} bytes left")
+        self.problem = problem
+        self.found = found
+        self.size = size
+        self.available = available
+
+
 def check_bytes(buffer, count: int) -> None:
-    """Check that `buffer` holds exactly `count` well-formed BYTES elements (ValueError)."""
+    """Check that `buffer` holds exactly `count` well-formed BYTES elements (BytesLayoutError)."""
     mv = memoryview(buffer).cast("B") if isinstance(buffer, memoryview) else memoryview(buffer)
     end = len(mv)
     pos = 0
@@ -131,10 +146,18 @@ def check_bytes(buffer, count: int) -> None:
     from_bytes = int.from_bytes
     while pos < end:
         if pos + 4 > end:
-            raise ValueError("truncated element length")
-        pos += 4 + from_bytes(mv[pos:pos + 4], "little")
-        if pos > end:
-            raise ValueError("element length exceeds the tensor's bytes")
+            raise BytesLayoutError("length", found, available=end - pos)
+        size = from_bytes(mv[pos:pos + 4], "little")
+        pos += 4
         found += 1
+        if found > count:
+            raise BytesLayoutError("many", found)
+        if pos + size > end:
+            # Triton counts an element cut short; only when the count is right does it say
+            # the element is cut short.
+            if found == count:
+                raise BytesLayoutError("data", found, size, end - pos)
+            break
+        pos += size
     if found != count:
-        raise ValueError(f"expected {count} elements, found {found}")
+        raise BytesLayoutError("few", found)

@@ -4,10 +4,13 @@ import re
 import urllib.error
 import urllib.request
 
+import grpc
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 HTTP_STATUS = {"INVALID_ARG": "400", "NOT_FOUND": "404", "INTERNAL": "500"}
@@ -207,6 +210,64 @@ def test_http_data_and_binary_size_together(server, clients):
     status, body = _post(server, "/v2/models/add_sub/infer", header + bytes(16),
                          {"Inference-Header-Content-Length": str(len(header))})
     assert status == 400, body
+    _still_serving(clients["http"], "http")
+
+
+def _bytes_elements(*items: bytes) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+
+
+# Bytes of a BYTES tensor of shape [2] that do not hold two elements, and Triton's words.
+BYTES_LAYOUTS = {
+    "three elements": (_bytes_elements(b"a", b"b", b"c"),
+                       "[request id: <id_unknown>] unexpected number of string elements 3 for "
+                       "inference input 'IN_BYTES' for model 'echo_all', expecting 2"),
+    "one element": (_bytes_elements(b"a"),
+                    "[request id: <id_unknown>] expected 2 string elements for inference input "
+                    "'IN_BYTES' for model 'echo_all', got 1"),
+    "a length cut short": (_bytes_elements(b"a", b"b") + b"\x01",
+                           "[request id: <id_unknown>] incomplete string length indicator for "
+                           "inference input 'IN_BYTES' for model 'echo_all', expecting 4 bytes "
+                           "but only 1 bytes available. Please make sure the string length "
+                           "indicator is in one buffer."),
+    "the last element cut short": (_bytes_elements(b"a") + (5).to_bytes(4, "little") + b"bc",
+                                   "incomplete string data for inference input 'IN_BYTES', "
+                                   "expecting string of length 5 but only 2 bytes available"),
+}
+
+
+@pytest.mark.parametrize("layout", BYTES_LAYOUTS)
+def test_bytes_that_miss_their_shape_get_tritons_message(server, clients, layout):
+    raw, message = BYTES_LAYOUTS[layout]
+    header = orjson.dumps({"inputs": [{"name": "IN_BYTES", "shape": [2], "datatype": "BYTES",
+                                       "parameters": {"binary_data_size": len(raw)}}]})
+    status, body = _post(server, "/v2/models/echo_all/infer", header + raw,
+                         {"Inference-Header-Content-Length": str(len(header))})
+    assert (status, orjson.loads(body)) == (400, {"error": message})
+
+    request = service_pb2.ModelInferRequest(model_name="echo_all")
+    request.inputs.add(name="IN_BYTES", datatype="BYTES", shape=[2])
+    request.raw_input_contents.append(raw)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+                request.SerializeToString(), timeout=10)
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    _still_serving(clients["grpc"], "grpc")
+
+
+def test_http_json_integers_and_fp32_as_triton_reads_and_writes_them(server, clients):
+    def echo(datatype, data):
+        return _post(server, "/v2/models/echo_all/infer", orjson.dumps({"inputs": [
+            {"name": f"IN_{datatype}", "shape": [len(data)], "datatype": datatype, "data": data}]}))
+
+    # 1.0 is not a JSON integer: refused for an integer datatype, as Triton refuses it.
+    status, body = echo("INT32", [1, 1.0])
+    assert status == 400 and b"expected INT32 values" in body, body
+    # FP32 goes out as the double each value is exactly, as Triton writes it.
+    status, body = echo("FP32", [0.1, 3.4e38])
+    assert status == 200, body
+    assert orjson.loads(body)["outputs"][0]["data"] == [0.10000000149011612, 3.3999999521443642e+38]
     _still_serving(clients["http"], "http")
 
 

@@ -36,13 +36,28 @@ def test_bytes_round_trip_and_checks():
     assert dt.deserialize_bytes(buf, 4) == values
     dt.check_bytes(buf, 4)
     with pytest.raises(ValueError):
-        dt.check_bytes(buf, 3)
-    with pytest.raises(ValueError):
-        dt.check_bytes(buf[:-1], 4)
-    with pytest.raises(ValueError):
-        dt.check_bytes(b"\x01\x00", 1)
-    with pytest.raises(ValueError):
         dt.deserialize_bytes(buf + b"\x05\x00\x00\x00ab")
+
+
+def _layout_problem(buffer, count):
+    with pytest.raises(dt.BytesLayoutError) as err:
+        dt.check_bytes(buffer, count)
+    e = err.value
+    return e.problem, e.found, e.size, e.available
+
+
+def test_bytes_layout_problems_in_the_order_triton_finds_them():
+    two = dt.serialize_bytes([b"a", b"bc"])  # 1 + 4, 2 + 4 bytes
+    assert _layout_problem(two, 1) == ("many", 2, 0, 0)  # at the element past the count
+    assert _layout_problem(dt.serialize_bytes([b"x"] * 5), 2) == ("many", 3, 0, 0)
+    assert _layout_problem(two, 3) == ("few", 2, 0, 0)
+    assert _layout_problem(two + b"\x00\x00", 2) == ("length", 2, 0, 2)
+    assert _layout_problem(b"\x01\x00", 1) == ("length", 0, 0, 2)
+    # The last element cut short: said so when the count is right, else a count too low.
+    assert _layout_problem(two[:-1], 2) == ("data", 2, 2, 1)
+    assert _layout_problem(two[:-1], 3) == ("few", 2, 0, 0)
+    dt.check_bytes(b"", 0)
+    dt.check_bytes(dt.serialize_bytes([b"", b""]), 2)
 
 
 def test_element_count():

@@ -275,7 +275,11 @@ def test_malformed_json():
     ({"inputs": [{"name": "a", "datatype": "UINT64", "shape": [2], "data": [-1, 2**63]}]},
      "out of range for UINT64"),
     ({"inputs": [{"name": "a", "datatype": "INT64", "shape": [1], "data": [2**63]}]}, "out of range for INT64"),
-    ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [1e30]}]}, "out of range for INT32"),
+    ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [1e30]}]}, "expected INT32 values"),
+    # Triton takes only JSON integers for integer datatypes, 1.0 not among them.
+    ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [2], "data": [1, 1.0]}]}, "expected INT32 values"),
+    ({"inputs": [{"name": "a", "datatype": "UINT64", "shape": [2], "data": [[2**64 - 1], [1.0]]}]},
+     "expected UINT64 values"),
     ({"inputs": [{"name": "a", "datatype": "UINT64", "shape": [2], "data": [1.5, 2**64 - 1]}]},
      "expected UINT64 values"),
     ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": 5}]}, "expected a JSON array"),
@@ -386,6 +390,23 @@ def test_json_output_every_datatype(datatype):
     chunks, header_length, content_type = encode_infer_response(response, OutputFormat())
     assert (len(chunks), header_length, content_type) == (1, None, "application/json")
     assert_same(datatype, parse(chunks, header_length).as_numpy("o"), binary=False)
+
+
+def test_json_fp32_output_is_the_exact_double_as_triton_writes_it():
+    data = np.array([0.1, 3.4e38, -2.5], np.float32)
+    response = InferResponse("m", "1", outputs=[OutputTensor("o", "FP32", [3], memoryview(data).cast("B"))])
+    chunks, _, _ = encode_infer_response(response, OutputFormat())
+    written = orjson.loads(chunks[0])["outputs"][0]["data"]
+    assert written == [0.10000000149011612, 3.3999999521443642e+38, -2.5]
+    assert np.array_equal(np.array(written, np.float32), data)
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_json_fp16_input_without_elements_is_taken(datatype):
+    # Triton refuses FP16 and BF16 values in JSON; an empty array has none to refuse.
+    request, _ = decode(orjson.dumps({"inputs": [
+        {"name": "a", "datatype": datatype, "shape": [2, 0], "data": [[], []]}]}))
+    assert bytes(request.inputs[0].data) == b""
 
 
 def test_json_output_is_flat_and_header_fields():
