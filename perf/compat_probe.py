@@ -81,6 +81,8 @@ KNOWN = {
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
     "model fault 17": "the class named in the message is shmserve's InferenceResponse",
     "stream fault 8": "send() given a str: the TypeError's text is pybind's in Triton, ours in shmserve",
+    "batch of 0": "Triton 2.51 words a batch of 0 as a byte size mismatch ('Expected 16, got 0', as "
+                  "for a batch of 1); shmserve says the batch size must be at least 1",
     **{f"types {case}": "Triton 2.51 wraps an integer out of its datatype's range (256 as UINT8 is 0); "
                         "shmserve refuses it (400)"
        for case in ("UINT8 256", "UINT8 -1", "INT8 -129", "INT16 40000", "UINT32 2^32")},
@@ -208,6 +210,69 @@ def datatype_cases():
         body, head = binary({"inputs": [{"name": f"IN_{datatype}", "shape": [2], "datatype": datatype,
                                          "parameters": {"binary_data_size": size}}]}, raw)
         cases[f"types {name}"] = ("POST", T, body, head)
+    raw0 = {"Inference-Header-Content-Length": "0"}
+    cases.update({
+        # Raw binary requests: the body is the only input's bytes, as batch 1.
+        "raw binary": ("POST", M + "/infer", F4, raw0),
+        "raw binary odd size": ("POST", M + "/infer", F4[:6], raw0),
+        "raw binary empty": ("POST", M + "/infer", b"", raw0),
+        "raw binary multi-input model": ("POST", T, raw_of("INT32", [1]), raw0),
+        "raw binary BYTES model": ("POST", "/v2/models/bls_faults/infer", raw_of("BYTES", ["a"]), raw0),
+        # What a request asks of its outputs.
+        "types output subset": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]},
+            {"name": "IN_FP64", "shape": [1], "datatype": "FP64", "data": [2]}],
+            "outputs": [{"name": "OUT_FP64"}]}),
+        "types output not produced": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]}],
+            "outputs": [{"name": "OUT_FP64"}]}),
+        "types output listed twice": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]}],
+            "outputs": [{"name": "OUT_INT32"}, {"name": "OUT_INT32", "parameters": {"binary_data": True}}]}),
+        "types input listed twice": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]},
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [2]}]}),
+        "types binary_data_output with a JSON output listed": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]},
+            {"name": "IN_FP64", "shape": [1], "datatype": "FP64", "data": [2]}],
+            "outputs": [{"name": "OUT_FP64", "parameters": {"binary_data": False}}],
+            "parameters": {"binary_data_output": True}}),
+        "types classification of INT32": ("POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [3], "datatype": "INT32", "data": [5, 9, 1]}],
+            "outputs": [{"name": "OUT_INT32", "parameters": {"classification": 2}}]}),
+        # Not among them: classification of a BYTES output, which ends Triton 2.51's process
+        # (shmserve: 400 "class result not available ... unsupported type 'BYTES'").
+        "types classification of BOOL": ("POST", T, {"inputs": [
+            {"name": "IN_BOOL", "shape": [2], "datatype": "BOOL", "data": [False, True]}],
+            "outputs": [{"name": "OUT_BOOL", "parameters": {"classification": 1}}]}),
+        "types classification past the count": ("POST", T, {"inputs": [
+            {"name": "IN_FP64", "shape": [2], "datatype": "FP64", "data": [0.5, 2]}],
+            "outputs": [{"name": "OUT_FP64", "parameters": {"classification": 5}}]}),
+        "types classification 0": ("POST", T, {"inputs": [
+            {"name": "IN_FP64", "shape": [2], "datatype": "FP64", "data": [0.5, 2]}],
+            "outputs": [{"name": "OUT_FP64", "parameters": {"classification": 0}}]}),
+        "types classification binary": ("POST", T, {"inputs": [
+            {"name": "IN_FP64", "shape": [2], "datatype": "FP64", "data": [0.5, 2]}],
+            "outputs": [{"name": "OUT_FP64", "parameters": {"classification": 1, "binary_data": True}}]}),
+        # Request IDs and parameters of every type.
+        "types empty id": ("POST", T, {"id": "", "inputs": []}),
+        "types unicode id": ("POST", T, {"id": "r\u00e9q\u2713", "inputs": []}),
+        "types parameters of every type": ("POST", T, {"inputs": [], "parameters": {
+            "s": "x", "i": -3, "b": True, "f": 1.5}}),
+        "types priority 1.5": ("POST", T, {"inputs": [], "parameters": {"priority": 1.5}}),
+        "types priority string": ("POST", T, {"inputs": [], "parameters": {"priority": "1"}}),
+        "types timeout true": ("POST", T, {"inputs": [], "parameters": {"timeout": True}}),
+        "types sequence_id on a model without sequences": ("POST", T, {"inputs": [], "parameters": {
+            "sequence_id": 5, "sequence_start": True}}),
+        "types null parameter": ("POST", T, {"inputs": [], "parameters": {"x": None}}),
+        "types object parameter": ("POST", T, {"inputs": [], "parameters": {"x": {"a": 1}}}),
+        # Batched shapes on identity_fp32 (max_batch_size 64, dims [-1]).
+        "batch of 3 rows": ("POST", M + "/infer", {"inputs": [inp(shape=[3, 2], data=[1, 2, 3, 4, 5, 6])]}),
+        "batch of 0": ("POST", M + "/infer", {"inputs": [inp(shape=[0, 4], data=[])]}),
+        "batch rows of 0": ("POST", M + "/infer", {"inputs": [inp(shape=[2, 0], data=[])]}),
+        "batch rank 3": ("POST", M + "/infer", {"inputs": [inp(shape=[1, 2, 2])]}),
+        "batch scalar": ("POST", M + "/infer", {"inputs": [inp(shape=[], data=[1])]}),
+    })
     one = struct.pack("<I", 9) + b"abc"
     body, head = binary({"inputs": [{"name": "IN_BYTES", "shape": [1], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(one)}}]}, one)
@@ -237,7 +302,38 @@ def grpc_datatype_cases():
     many.inputs[0].contents.int_contents.extend([1, 2, 3])
     int8 = grpc_request(model="all_types", name="IN_INT8", datatype="INT8", shape=(1,), raw=())
     int8.inputs[0].contents.int_contents.append(300)
+    classify = grpc_request(model="all_types", name="IN_FP64", datatype="FP64", shape=(3,),
+                            raw=(raw_of("FP64", [0.5, 2, 1]),))
+    classify.outputs.add(name="OUT_FP64").parameters["classification"].int64_param = 2
+    subset = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(1,),
+                          raw=(raw_of("INT32", [7]),), outputs=("OUT_FP64",))
+    def with_parameter(key, choice, value, where="request"):
+        request = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(1,),
+                               raw=(raw_of("INT32", [7]),), outputs=("OUT_INT32",))
+        target = {"request": request, "input": request.inputs[0], "output": request.outputs[0]}[where]
+        setattr(target.parameters[key], choice, value)
+        return request
+    for key, choice, value, where in (
+            ("d", "double_param", 1.5, "request"), ("u", "uint64_param", 2**64 - 1, "request"),
+            ("i", "int64_param", -2, "request"), ("priority", "uint64_param", 1, "request"),
+            ("priority", "int64_param", 1, "request"), ("timeout", "uint64_param", 5, "request"),
+            ("timeout", "int64_param", 5000000, "request"), ("timeout", "double_param", 5.0, "request"),
+            ("sequence_id", "uint64_param", 3, "request"), ("d", "double_param", 1.5, "input"),
+            ("u", "uint64_param", 1, "input"), ("d", "double_param", 1.5, "output"),
+            ("binary_data", "bool_param", True, "output")):
+        cases[f"grpc types {where} parameter {key} {choice}"] = ("ModelInfer", with_parameter(key, choice, value, where))
+    params = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(1,),
+                          raw=(raw_of("INT32", [7]),))
+    params.id = "r\u00e9q"
+    params.parameters["s"].string_param = "x"
+    shaped = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2, 0), raw=(b"",))
+    scalar = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(), raw=(raw_of("INT32", [1]),))
     cases.update({
+        "grpc types classification": ("ModelInfer", classify),
+        "grpc types output not produced": ("ModelInfer", subset),
+        "grpc types parameters": ("ModelInfer", params),
+        "grpc types shape 2x0": ("ModelInfer", shaped),
+        "grpc types scalar": ("ModelInfer", scalar),
         "grpc types typed in the wrong field": ("ModelInfer", wrong),
         "grpc types typed and raw": ("ModelInfer", both),
         "grpc types typed too many": ("ModelInfer", many),

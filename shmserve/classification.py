@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ReadError, ServerError
 from shmserve.inference import OutputTensor
 from shmserve.ipc import datatypes
 
@@ -32,10 +32,16 @@ def read_labels(model_dir: str, config) -> dict:
     return labels
 
 
+def check_classifiable(datatype: str) -> None:
+    """Refuses what has no order to rank, in Triton's words (which name no output and no
+    request: Triton finds it as it writes the answer)."""
+    if datatype in ("BYTES", "BOOL"):
+        raise ReadError(Code.INVALID_ARG, f"class result not available for output due to "
+                                          f"unsupported type '{datatype}'")
+
+
 def classify(out: OutputTensor, k: int, batched: bool, labels: list | None) -> OutputTensor:
-    if out.datatype == "BYTES":
-        raise ServerError(Code.INVALID_ARG, f"class result not available for output "
-                                            f"'{out.name}' due to unsupported type 'BYTES'")
+    check_classifiable(out.datatype)
     values = _values(out)
     shape = list(out.shape)
     rows = shape[0] if batched and shape else 1

@@ -12,7 +12,7 @@ import sys
 import time
 
 from shmserve import __version__, eager, logs
-from shmserve.classification import classify
+from shmserve.classification import check_classifiable, classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import Code, ReadError, Refused, ServerError
@@ -240,8 +240,10 @@ class DataPlane:
         mv = self.registry.get(name, version)
         sig = mv.signature
         if len(sig.inputs) != 1:
-            raise ServerError(Code.INVALID_ARG, f"a raw binary request needs a model with exactly "
-                                                f"1 input, but model '{name}' has {len(sig.inputs)}")
+            raise ServerError(Code.INVALID_ARG, f"[request id: <id_unknown>] Raw request must "
+                                                f"only have 1 input (found 1) to be deduced but "
+                                                f"got {len(sig.inputs)} inputs in '{name}' model "
+                                                f"configuration")
         (spec,) = sig.inputs.values()
         dims = list(spec.dims)
         nbytes = len(body)
@@ -258,6 +260,14 @@ class DataPlane:
             known = datatypes.element_count(d for d in dims if d != -1) * datatypes.element_size(spec.datatype)
             dims[dims.index(-1)] = nbytes // known if known else 0
         shape = ([1] if sig.max_batch_size > 0 else []) + dims
+        try:
+            # Triton names the body's tensor 'raw_input' in what it finds wrong with its size.
+            _check_byte_size(InputTensor("raw_input", spec.datatype, shape, body), body, name,
+                             self.max_tensor_byte_size)
+        except ReadError:
+            raise
+        except ServerError as exc:
+            raise ServerError(exc.code, f"[request id: <id_unknown>] {exc.message}") from None
         return InferRequest(name, version, inputs=[InputTensor(spec.name, spec.datatype, shape, body)])
 
     def signature(self, name: str, version: str = ""):
@@ -648,10 +658,13 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
                                   f"input '{t.name}' has no shape but model requires batch "
                                   f"dimension for '{name}'")
             this_batch = shape[0]
-            if this_batch > sig.max_batch_size or this_batch < 1:
+            if this_batch > sig.max_batch_size:
                 raise ServerError(Code.INVALID_ARG,
                                   f"inference request batch-size must be <= "
                                   f"{sig.max_batch_size} for '{name}'")
+            if this_batch < 1:
+                raise ServerError(Code.INVALID_ARG,
+                                  f"inference request batch-size must be >= 1 for '{name}'")
             if inputs and this_batch != batch_size:
                 raise ServerError(Code.INVALID_ARG,
                                   f"input '{t.name}' batch size does not match other inputs "
@@ -829,9 +842,7 @@ def _check_classification(o, sig, model: str) -> None:
     if "shared_memory_region" in o.parameters:
         raise ServerError(Code.INVALID_ARG, "Output can't set both 'shared_memory_region' and "
                                             "'classification'")
-    if sig.outputs[o.name].datatype == "BYTES":
-        raise ServerError(Code.INVALID_ARG, f"class result not available for output "
-                                            f"'{o.name}' due to unsupported type 'BYTES'")
+    check_classifiable(sig.outputs[o.name].datatype)
 
 
 def _classifications(request: InferRequest) -> dict | None:

@@ -62,6 +62,26 @@ def parameters_from_proto(params) -> dict:
     return result
 
 
+# The kinds Triton takes for a request's parameters: its own keys each have theirs (priority's
+# and the sequence flags' are checked where they are used), any other key all but uint64.
+_REQUEST_PARAMETER_KINDS = {
+    "sequence_id": ("int64_param", "string_param"),
+    "timeout": ("int64_param",),
+}
+
+
+def _check_request_parameter_kinds(params) -> None:
+    for key, value in params.items():
+        choice = value.WhichOneof("parameter_choice")
+        kinds = _REQUEST_PARAMETER_KINDS.get(key)
+        if kinds is not None and choice not in kinds:
+            raise invalid_arg(f"invalid value type for '{key}' parameter, expected "
+                              f"{' or '.join(kinds)}.")
+        if kinds is None and choice == "uint64_param" and key != "priority":
+            raise invalid_arg(f"invalid value type for '{key}' parameter, expected "
+                              f"int64_param, bool_param, or string_param.")
+
+
 def parameters_to_proto(params: dict, target) -> None:
     """{key: bool | int | float | str} -> map<string, InferParameter> `target`. Integers
     beyond int64 (but within uint64) become uint64_param."""
@@ -228,6 +248,8 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 def decode_model_infer_request(msg, raw=None) -> InferRequest:
     """`raw`: the request's raw_input_contents when parse_model_infer_request split them off."""
     params = parameters_from_proto(msg.parameters)
+    if params:
+        _check_request_parameter_kinds(msg.parameters)
     for key in params:
         if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMS:
             raise invalid_arg(

@@ -465,8 +465,9 @@ def _outputs(items, fmt: OutputFormat) -> list[RequestedOutput]:
             fmt.shared_memory.add(name)
         else:
             # As Triton: a listed output is JSON unless it asks for binary itself;
-            # binary_data_output only covers outputs the request does not list.
-            fmt.binary[name] = bool(binary)
+            # binary_data_output only covers outputs the request does not list. An output
+            # listed twice takes its first listing's format.
+            fmt.binary.setdefault(name, bool(binary))
         outputs.append(RequestedOutput(name, params))
     return outputs
 

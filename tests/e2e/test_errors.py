@@ -72,6 +72,8 @@ CASES = {
                  lambda p: [_inp(p, "INPUT0", np.array(1, np.float32))], {}),
     "batch too large": ("INVALID_ARG", "inference request batch-size must be <= 64 for 'identity_fp32'",
                         "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((65, 2), np.float32))], {}),
+    "batch of 0": ("INVALID_ARG", "inference request batch-size must be >= 1 for 'identity_fp32'",
+                   "identity_fp32", lambda p: [_inp(p, "INPUT0", np.ones((0, 2), np.float32))], {}),
     "unknown output": ("INVALID_ARG", "unexpected inference output 'OUTPUT7' for model 'add_sub'", "add_sub",
                        lambda p: [_inp(p, "INPUT0", F4), _inp(p, "INPUT1", F4)],
                        {"outputs": "OUTPUT7"}),
@@ -254,6 +256,46 @@ def test_bytes_that_miss_their_shape_get_tritons_message(server, clients, layout
                 request.SerializeToString(), timeout=10)
     assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
     _still_serving(clients["grpc"], "grpc")
+
+
+@pytest.mark.parametrize("key, kind, value, message", [
+    ("custom", "uint64_param", 1,
+     "invalid value type for 'custom' parameter, expected int64_param, bool_param, or string_param."),
+    ("timeout", "uint64_param", 5, "invalid value type for 'timeout' parameter, expected int64_param."),
+    ("sequence_id", "uint64_param", 3,
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ("sequence_id", "bool_param", True,
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+])
+def test_grpc_request_parameters_of_a_kind_triton_refuses(server, clients, key, kind, value, message):
+    request = service_pb2.ModelInferRequest(model_name="echo_all")
+    request.inputs.add(name="IN_INT32", datatype="INT32", shape=[1])
+    request.raw_input_contents.append(np.int32(7).tobytes())
+    setattr(request.parameters[key], kind, value)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as e:
+            call(request.SerializeToString(), timeout=10)
+        assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+        # Those Triton takes: priority as uint64, any other key as a double.
+        request.parameters.clear()
+        request.parameters["priority"].uint64_param = 1
+        request.parameters["custom"].double_param = 1.5
+        assert call(request.SerializeToString(), timeout=10)
+    _still_serving(clients["grpc"], "grpc")
+
+
+def test_http_raw_binary_errors_name_the_raw_input(server, clients):
+    headers = {"Inference-Header-Content-Length": "0"}
+    status, body = _post(server, "/v2/models/identity_fp32/infer", bytes(6), headers)
+    assert (status, orjson.loads(body)) == (400, {"error": (
+        "[request id: <id_unknown>] input byte size mismatch for input 'raw_input' for model "
+        "'identity_fp32'. Expected 4, got 6")})
+    status, body = _post(server, "/v2/models/add_sub/infer", bytes(16), headers)
+    assert (status, orjson.loads(body)) == (400, {"error": (
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced "
+        "but got 2 inputs in 'add_sub' model configuration")})
+    _still_serving(clients["http"], "http")
 
 
 def test_http_json_integers_and_fp32_as_triton_reads_and_writes_them(server, clients):

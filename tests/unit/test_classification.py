@@ -28,9 +28,12 @@ def test_bf16_values_read_as_the_floats_they_are():
     assert (top.shape, strings(top)) == ([1, 1], ["2.000000:1"])
 
 
-def test_bytes_outputs_are_refused():
-    with pytest.raises(ServerError, match="unsupported type 'BYTES'"):
-        classify(OutputTensor("S", "BYTES", [1], b"\1\0\0\0x"), 1, False, None)
+@pytest.mark.parametrize("datatype, data", [("BYTES", b"\1\0\0\0x"), ("BOOL", b"\1")])
+def test_bytes_and_bool_outputs_are_refused_in_tritons_words(datatype, data):
+    with pytest.raises(ServerError) as err:
+        classify(OutputTensor("S", datatype, [1], data), 1, False, None)
+    assert err.value.message == (f"class result not available for output due to unsupported "
+                                 f"type '{datatype}'")
 
 
 def test_labels_come_from_the_model_folder(tmp_path):

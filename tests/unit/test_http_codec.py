@@ -409,6 +409,12 @@ def test_json_fp16_input_without_elements_is_taken(datatype):
     assert bytes(request.inputs[0].data) == b""
 
 
+def test_an_output_listed_twice_takes_its_first_listings_format():
+    request, fmt = decode(orjson.dumps({"inputs": [], "outputs": [
+        {"name": "o"}, {"name": "o", "parameters": {"binary_data": True}}]}))
+    assert not fmt.is_binary("o")
+
+
 def test_json_output_is_flat_and_header_fields():
     data = np.arange(6, dtype="<i4")
     response = InferResponse("m", "3", id="r1", parameters={"p": 1, "q": "s"},
