@@ -81,6 +81,11 @@ KNOWN = {
     "model fault 12": "execute returned None without answering: Triton 2.51 never answers, shmserve fails the request",
     "model fault 17": "the class named in the message is shmserve's InferenceResponse",
     "stream fault 8": "send() given a str: the TypeError's text is pybind's in Triton, ours in shmserve",
+    "features optional input of another batch": "Triton checks a request's inputs in its hash table's order, "
+                                                "shmserve in the request's: each names another input",
+    "features required input missing": "Triton 2.51 only counts the inputs of a model with optional ones (2 is "
+                                       "between 1 and 3) and runs it without the required one; shmserve refuses "
+                                       "the request (400)",
     "batch of 0": "Triton 2.51 words a batch of 0 as a byte size mismatch ('Expected 16, got 0', as "
                   "for a batch of 1); shmserve says the batch size must be at least 1",
     **{f"types {case}": "Triton 2.51 wraps an integer out of its datatype's range (256 as UINT8 is 0); "
@@ -273,6 +278,25 @@ def datatype_cases():
         "batch rank 3": ("POST", M + "/infer", {"inputs": [inp(shape=[1, 2, 2])]}),
         "batch scalar": ("POST", M + "/infer", {"inputs": [inp(shape=[], data=[1])]}),
     })
+    # config_features: reshapes, labels, priority levels, queue policies, two instances.
+    features = "/v2/models/config_features/infer"
+    row = {"name": "INPUT", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 3, 1, 2]}
+    extra = {"name": "EXTRA", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}
+    more = {"name": "MORE", "shape": [1, 1], "datatype": "BOOL", "data": [True]}
+    for name, request in {
+            "infer": {"inputs": [row]},
+            "batch of 3": {"inputs": [dict(row, shape=[3, 4], data=list(range(12)))]},
+            "batch of 9": {"inputs": [dict(row, shape=[9, 4], data=list(range(36)))]},
+            "wrong dims": {"inputs": [dict(row, shape=[1, 5], data=list(range(5)))]},
+            "reshaped shape": {"inputs": [dict(row, shape=[1, 2, 2])]},
+            "optional input": {"inputs": [row, extra]},
+            "optional input of another batch": {"inputs": [row, dict(extra, shape=[2, 3], data=list(range(6)))]},
+            "required input missing": {"inputs": [extra, more]},
+            "labels": {"inputs": [row], "outputs": [{"name": "OUTPUT", "parameters": {"classification": 3}}]},
+            **{f"priority {p}": {"inputs": [row], "parameters": {"priority": p}} for p in (0, 1, 3, 4)},
+            "timeout override": {"inputs": [row], "parameters": {"timeout": 50000}},
+    }.items():
+        cases[f"features {name}"] = ("POST", features, request)
     one = struct.pack("<I", 9) + b"abc"
     body, head = binary({"inputs": [{"name": "IN_BYTES", "shape": [1], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": len(one)}}]}, one)
@@ -755,7 +779,7 @@ def answers(ports):
     for name, (requests, metadata) in stream_cases().items():
         out[name] = stream_answer(channel, requests, metadata)
     channel.close()
-    for model in ("identity_fp32", "ens_identity2", "repeat", "accumulate", "bls_faults"):
+    for model in ("identity_fp32", "ens_identity2", "repeat", "accumulate", "bls_faults", "config_features"):
         answer = http_call(http_port, "GET", f"/v2/models/{model}/stats")
         out[f"stats shape {model}"] = (answer[0], shape_of(answer[1])) if isinstance(answer, tuple) else answer
         out[f"grpc stats shape {model}"] = grpc_stats(grpc_port, model)
