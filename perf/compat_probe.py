@@ -86,6 +86,11 @@ KNOWN = {
     "features required input missing": "Triton 2.51 only counts the inputs of a model with optional ones (2 is "
                                        "between 1 and 3) and runs it without the required one; shmserve refuses "
                                        "the request (400)",
+    "HEAD live": "shmserve answers HEAD wherever GET is allowed (RFC 9110); Triton 2.51: 405",
+    "logging bad format": "the same message; Triton 2.51 answers 503 (UNAVAILABLE), shmserve 400",
+    "metadata, name percent-encoded": "tritonclient percent-encodes model names in URLs and shmserve decodes "
+                                      "them; Triton 2.51 looks the encoded name up",
+    "trace set bad level": "Triton 2.51 takes an unknown trace level as OFF; shmserve refuses it (400)",
     "batch of 0": "Triton 2.51 words a batch of 0 as a byte size mismatch ('Expected 16, got 0', as "
                   "for a batch of 1); shmserve says the batch size must be at least 1",
     **{f"types {case}": "Triton 2.51 wraps an integer out of its datatype's range (256 as UINT8 is 0); "
@@ -444,6 +449,38 @@ def http_cases():
         "trace setting": ("GET", "/v2/trace/setting"),
         "model trace setting": ("GET", M + "/trace/setting"),
     }
+    cases.update({  # the endpoints asked another way
+        "HEAD live": ("HEAD", "/v2/health/live"), "POST live": ("POST", "/v2/health/live"),
+        "live with a trailing slash": ("GET", "/v2/health/live/"),
+        "metadata with a trailing slash": ("GET", M + "/"),
+        "metadata, versions without one": ("GET", M + "/versions/"),
+        "metadata, name percent-encoded": ("GET", "/v2/models/identity%5Ffp32"),
+        "metadata, name in other case": ("GET", "/v2/models/Identity_fp32"),
+        "metadata, version 01": ("GET", M + "/versions/01"),
+        "metadata, version -1": ("GET", M + "/versions/-1"),
+        "metadata, query string": ("GET", M + "?x=1"),
+        "DELETE model": ("DELETE", M), "PUT infer": ("PUT", M + "/infer", {"inputs": [inp()]}),
+        "version config": ("GET", M + "/versions/1/config"),
+        "GET index": ("GET", "/v2/repository/index"),
+        "index ready not bool": ("POST", "/v2/repository/index", {"ready": "yes"}),
+        "index not json": ("POST", "/v2/repository/index", b"{"),
+        "logging set": ("POST", "/v2/logging", {"log_verbose_level": 0, "log_info": True}),
+        "logging unknown setting": ("POST", "/v2/logging", {"log_colour": True}),
+        "logging format": ("POST", "/v2/logging", {"log_format": "ISO8601"}),
+        "logging bad format": ("POST", "/v2/logging", {"log_format": "xml"}),
+        "logging format back": ("POST", "/v2/logging", {"log_format": "default"}),
+        "logging not json": ("POST", "/v2/logging", b"nope"),
+        "trace set": ("POST", "/v2/trace/setting", {"trace_rate": "1000"}),
+        "trace set number": ("POST", "/v2/trace/setting", {"trace_rate": 1000}),
+        "trace set bad level": ("POST", "/v2/trace/setting", {"trace_level": ["LOUD"]}),
+        "trace set unknown": ("POST", "/v2/trace/setting", {"trace_colour": "1"}),
+        "model trace set": ("POST", M + "/trace/setting", {"trace_count": "5"}),
+        "model trace clear": ("POST", M + "/trace/setting", {"trace_count": None}),
+        "unknown model trace setting": ("GET", "/v2/models/nope/trace/setting"),
+        "infer charset content type": ("POST", M + "/infer", {"inputs": [inp()]},
+                                       {"Content-Type": "application/json; charset=utf-8"}),
+        "infer text content type": ("POST", M + "/infer", {"inputs": [inp()]}, {"Content-Type": "text/plain"}),
+    })
     for mode in range(19):  # model_faults: what a Python model can do wrong
         cases[f"model fault {mode}"] = ("POST", "/v2/models/model_faults/infer", {"inputs": [
             {"name": "MODE", "shape": [1], "datatype": "INT32", "data": [mode]}]})
@@ -783,6 +820,8 @@ def answers(ports):
         answer = http_call(http_port, "GET", f"/v2/models/{model}/stats")
         out[f"stats shape {model}"] = (answer[0], shape_of(answer[1])) if isinstance(answer, tuple) else answer
         out[f"grpc stats shape {model}"] = grpc_stats(grpc_port, model)
+    answer = http_call(http_port, "GET", "/v2/models/stats")
+    out["stats shape all"] = (answer[0], shape_of(answer[1])) if isinstance(answer, tuple) else answer
     index = http_call(http_port, "POST", "/v2/repository/index", {})
     out["index"] = index
     for entry in index[1] if isinstance(index, tuple) and isinstance(index[1], list) else []:

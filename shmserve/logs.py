@@ -116,7 +116,7 @@ def update(changes: dict) -> dict:
         if type(value) is not kind or (kind is int and not 0 <= value < 2**31):
             raise ServerError(Code.INVALID_ARG, f"expect {kind_name} for '{name}'")
         if name == "log_format" and value not in FORMATS:
-            raise ServerError(Code.INVALID_ARG, f"invalid argument for log_format, got: {value}")
+            raise ServerError(Code.INVALID_ARG, f"invalid argument for --log_format, got: {value}")
         setattr(new, name, value)
     _apply(new)
     return SETTINGS.as_dict()

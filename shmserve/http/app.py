@@ -114,7 +114,9 @@ class HttpRoutes:
         return _json(self.dp.trace_settings(model))
 
     async def repository_index(self, request):
-        ready = bool(_json_body(request).get("ready", False))
+        ready = _json_body(request).get("ready", False)
+        if type(ready) is not bool:
+            raise ServerError(Code.INVALID_ARG, "Unable to parse 'ready': expected true or false")
         return _json(self.dp.repository_index(ready, request.match_info.get("repository", "")))
 
     async def repository_load(self, request):

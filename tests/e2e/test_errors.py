@@ -285,6 +285,13 @@ def test_grpc_request_parameters_of_a_kind_triton_refuses(server, clients, key, 
     _still_serving(clients["grpc"], "grpc")
 
 
+def test_http_index_ready_must_be_a_boolean(server, clients):
+    status, body = _post(server, "/v2/repository/index", b'{"ready": "yes"}')
+    assert status == 400 and b"'ready'" in body, body
+    status, body = _post(server, "/v2/repository/index", b'{"ready": true}')
+    assert status == 200 and all(m["state"] == "READY" for m in orjson.loads(body)), body
+
+
 def test_http_raw_binary_errors_name_the_raw_input(server, clients):
     headers = {"Inference-Header-Content-Length": "0"}
     status, body = _post(server, "/v2/models/identity_fp32/infer", bytes(6), headers)

@@ -84,7 +84,7 @@ def test_http_log_settings(http):
     ({"log_file": "x.log"}, 501, "log file location can not be updated through network protocol"),
     ({"log_info": "yes"}, 400, "expect boolean for 'log_info'"),
     ({"log_verbose_level": -1}, 400, "expect int32 for 'log_verbose_level'"),
-    ({"log_format": "xml"}, 400, "invalid argument for log_format, got: xml"),
+    ({"log_format": "xml"}, 400, "invalid argument for --log_format, got: xml"),
 ])
 def test_http_log_settings_refusals(server, http, body, status, message):
     with pytest.raises(InferenceServerException) as e:
@@ -118,7 +118,7 @@ def test_grpc_log_settings(server, http):
                 ({"log_info": None}, grpc.StatusCode.INVALID_ARGUMENT,
                  "expect boolean for 'log_info'"),
                 ({"log_format": "xml"}, grpc.StatusCode.INVALID_ARGUMENT,
-                 "invalid argument for log_format, got: xml")):
+                 "invalid argument for --log_format, got: xml")):
             with pytest.raises(InferenceServerException) as e:
                 client.update_log_settings(settings)
             assert e.value.status() == str(code) and e.value.message() == message

@@ -112,7 +112,7 @@ def test_update_changes_only_what_it_names():
     ({"log_verbose_level": True}, Code.INVALID_ARG, "expect int32 for 'log_verbose_level'"),
     ({"log_verbose_level": -1}, Code.INVALID_ARG, "expect int32 for 'log_verbose_level'"),
     ({"log_format": 3}, Code.INVALID_ARG, "expect string for 'log_format'"),
-    ({"log_format": "xml"}, Code.INVALID_ARG, "invalid argument for log_format, got: xml"),
+    ({"log_format": "xml"}, Code.INVALID_ARG, "invalid argument for --log_format, got: xml"),
 ])
 def test_update_refusals(changes, code, message):
     with pytest.raises(ServerError) as e:
