@@ -32,16 +32,12 @@ def read_labels(model_dir: str, config) -> dict:
     return labels
 
 
-def check_classifiable(datatype: str) -> None:
-    """Refuses what has no order to rank, in Triton's words (which name no output and no
-    request: Triton finds it as it writes the answer)."""
-    if datatype in ("BYTES", "BOOL"):
-        raise ReadError(Code.INVALID_ARG, f"class result not available for output due to "
-                                          f"unsupported type '{datatype}'")
-
-
 def classify(out: OutputTensor, k: int, batched: bool, labels: list | None) -> OutputTensor:
-    check_classifiable(out.datatype)
+    if out.datatype in ("BYTES", "BOOL"):
+        # Triton's words, which name no output and no request: it finds this as it writes
+        # the answer, after the model ran.
+        raise ReadError(Code.INVALID_ARG, f"class result not available for output due to "
+                                          f"unsupported type '{out.datatype}'")
     values = _values(out)
     shape = list(out.shape)
     rows = shape[0] if batched and shape else 1

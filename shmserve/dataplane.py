@@ -12,10 +12,10 @@ import sys
 import time
 
 from shmserve import __version__, eager, logs
-from shmserve.classification import check_classifiable, classify
+from shmserve.classification import classify
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
-from shmserve.errors import Code, ReadError, Refused, ServerError
+from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
 from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
                                 StreamedResponse)
 from shmserve.ipc import datatypes
@@ -423,7 +423,8 @@ class DataPlane:
                     if final:
                         work.trace.stamp("REQUEST_END", time.perf_counter_ns())
                 if response is not None and response.error is not None:
-                    failed = failed or final
+                    # An error the model sent as its answer leaves the request a success.
+                    failed = failed or (final and not response.error.answered)
                     _log_failure(logging.WARNING, mv, request.id, response.error)
                 yield response, final
                 if final:
@@ -473,7 +474,9 @@ class DataPlane:
                 request.trace.stamp("REQUEST_END", time.perf_counter_ns())
                 request.trace.finish()
             # Not counted in the model's statistics or metrics: Triton counts only requests
-            # that reach its scheduler.
+            # that reach its scheduler, and those its backend could not read.
+            if isinstance(exc, BackendReadError):
+                mv.stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
             _log_failure(logging.DEBUG, mv, request.id, exc)
             if isinstance(exc, ReadError):
                 raise
@@ -518,10 +521,11 @@ class DataPlane:
                 stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
         if work.stream is None:
-            if response.error is not None:
+            error = response.error
+            if error is not None and not error.answered:
                 stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
-                _log_failure(logging.WARNING, mv, work.request_id, response.error)
-                raise response.error
+                _log_failure(logging.WARNING, mv, work.request_id, error)
+                raise error
             request_ns = time.perf_counter_ns() - started
             stats.record_success(batch_size=batch_size, request_ns=request_ns,
                                  queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
@@ -529,6 +533,10 @@ class DataPlane:
                                  compute_output_ns=timings.compute_output_ns)
             if self.first_response_histogram:
                 stats.record_first_response(request_ns)
+            if error is not None:
+                # The model answered with an error: Triton counts the request a success.
+                _log_failure(logging.WARNING, mv, work.request_id, error)
+                raise error
         return response, queue_ns, timings
 
 
@@ -817,10 +825,12 @@ def _bytes_layout_error(exc, name: str, model: str, count: int) -> ServerError:
                            f"input '{name}' for model '{model}', expecting {count}")
     if exc.problem == "data":
         # Triton's Python backend finds this one as it reads the elements, after the
-        # request was validated: its message names neither the request nor the model.
-        return ReadError(Code.INVALID_ARG,
-                         f"incomplete string data for inference input '{name}', expecting "
-                         f"string of length {exc.size} but only {exc.available} bytes available")
+        # request was validated: its message names neither the request nor the model, and
+        # the request counts as failed.
+        return BackendReadError(Code.INVALID_ARG,
+                                f"incomplete string data for inference input '{name}', "
+                                f"expecting string of length {exc.size} but only "
+                                f"{exc.available} bytes available")
     return ServerError(Code.INVALID_ARG,
                        f"expected {count} string elements for inference input '{name}' for "
                        f"model '{model}', got {exc.found}")
@@ -842,7 +852,6 @@ def _check_classification(o, sig, model: str) -> None:
     if "shared_memory_region" in o.parameters:
         raise ServerError(Code.INVALID_ARG, "Output can't set both 'shared_memory_region' and "
                                             "'classification'")
-    check_classifiable(sig.outputs[o.name].datatype)
 
 
 def _classifications(request: InferRequest) -> dict | None:

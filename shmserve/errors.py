@@ -34,6 +34,11 @@ class ReadError(ServerError):
     validation errors, its message does not name the request."""
 
 
+class BackendReadError(ReadError):
+    """An error Triton's backend finds as it reads a request the server took (a BYTES
+    element cut short): the request counts as a failure of the model."""
+
+
 class Refused(ServerError):
     """A request a scheduler turned away as it arrived, for what the request itself says (a
     sequence request without its ID or START flag): like a validation failure, Triton counts
@@ -43,7 +48,13 @@ class Refused(ServerError):
 class ModelError(ServerError):
     """An error that came back as the request's answer (the model's own, its instance's
     failure, an ensemble step's), not the server refusing the request before a model ran
-    it: Triton's Python backend words the two differently to a model calling another."""
+    it: Triton's Python backend words the two differently to a model calling another.
+    `answered`: the model answered with it (an InferenceResponse carrying an error), which
+    Triton counts as a successful request, where an execute that raised is a failure."""
+
+    def __init__(self, code: Code, message: str, answered: bool = False):
+        super().__init__(code, message)
+        self.answered = answered
 
 
 # How Triton's Status prints each code ("Invalid argument: ...").

@@ -177,7 +177,7 @@ class WorkerLoop:
 
     def _frame(self, resp, targets: dict) -> messages.ResponseFrame:
         if resp.error is not None:
-            return messages.ResponseFrame(list(resp.error), [], resp.parameters)
+            return messages.ResponseFrame(list(resp.error), [], resp.parameters, resp.answered)
         outputs = []
         for o in resp.outputs:
             target = targets.get(o.name) if targets else None

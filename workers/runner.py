@@ -83,6 +83,7 @@ class RunnerResponse:
     outputs: list[RunnerOutput]
     error: tuple[str, str] | None  # (Triton error code name, message)
     parameters: dict
+    answered: bool = False  # the error is the model's own InferenceResponse (not a failure)
 
 
 @dataclass(slots=True)
@@ -524,7 +525,8 @@ def _runner_response(response: pb_utils.InferenceResponse, requested: set,
                      sequence: SequenceExtras | None, request: RunnerRequest) -> RunnerResponse:
     if response.has_error():
         error = response.error()
-        return RunnerResponse([], (error.code().name, error.message()), response._parameters)
+        return RunnerResponse([], (error.code().name, error.message()), response._parameters,
+                              answered=True)
     if sequence is not None:
         # Before the outputs the client did not ask for go: a state output usually is one.
         error = sequence.capture(request.sequence_slot, request.ready, response)

@@ -516,7 +516,8 @@ class WorkerHandle:
     def _response(self, frame: messages.ResponseFrame) -> WorkResponse:
         if frame.error is not None:
             code, text = frame.error
-            return WorkResponse(ModelError(_code(code), text), parameters=frame.parameters)
+            return WorkResponse(ModelError(_code(code), text, frame.answered),
+                                parameters=frame.parameters)
         outputs = []
         slots = []
         for t in frame.outputs:

@@ -189,13 +189,15 @@ class ResponseFrame:
     error: Optional[list]  # [code name, message] or None
     outputs: list  # of TensorRef
     parameters: dict = field(default_factory=dict)
+    # The error is the model's own answer (see errors.ModelError.answered).
+    answered: bool = False
 
     def to_wire(self) -> list:
-        return [self.error, [t.to_wire() for t in self.outputs], self.parameters]
+        return [self.error, [t.to_wire() for t in self.outputs], self.parameters, self.answered]
 
     @staticmethod
     def from_wire(w: list) -> "ResponseFrame":
-        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2])
+        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2], w[3])
 
 
 @dataclass(slots=True)

@@ -258,6 +258,24 @@ def test_bytes_that_miss_their_shape_get_tritons_message(server, clients, layout
     _still_serving(clients["grpc"], "grpc")
 
 
+def test_a_bytes_element_cut_short_counts_as_a_failure_of_the_model(server, clients):
+    # Triton's Python backend finds it reading the request: a failed request of the model,
+    # where the other malformed BYTES are refused before the model counts them at all.
+    def fail_count():
+        stats = clients["http"].get_inference_statistics("echo_all")["model_stats"][0]
+        return stats["inference_stats"]["fail"]["count"]
+
+    before = fail_count()
+    for layout in ("three elements", "the last element cut short"):
+        raw, _ = BYTES_LAYOUTS[layout]
+        header = orjson.dumps({"inputs": [{"name": "IN_BYTES", "shape": [2], "datatype": "BYTES",
+                                           "parameters": {"binary_data_size": len(raw)}}]})
+        status, _ = _post(server, "/v2/models/echo_all/infer", header + raw,
+                          {"Inference-Header-Content-Length": str(len(header))})
+        assert status == 400
+    assert fail_count() == before + 1
+
+
 @pytest.mark.parametrize("key, kind, value, message", [
     ("custom", "uint64_param", 1,
      "invalid value type for 'custom' parameter, expected int64_param, bool_param, or string_param."),

@@ -35,7 +35,7 @@ def value(samples, name, model, **labels):
 
 @pytest.fixture(scope="module")
 def http(server):
-    wait_for_models(server, ["identity_batch", "raiser"])
+    wait_for_models(server, ["identity_batch", "raiser", "error_response"])
     client = httpclient.InferenceServerClient(server.http_url)
     yield client
     client.close()
@@ -57,6 +57,8 @@ def test_values_move_as_requests_are_served(server, http):
         http.infer("identity_batch", [wrong_type])
     with pytest.raises(InferenceServerException, match="raiser always fails"):
         http.infer("raiser", [fp32("INPUT0", np.ones(4, np.float32))])
+    with pytest.raises(InferenceServerException, match="bad thing"):
+        http.infer("error_response", [fp32("INPUT0", np.ones(4, np.float32))])
     after = scrape(server)
 
     def delta(name, model, **labels):
@@ -73,6 +75,10 @@ def test_values_move_as_requests_are_served(server, http):
     assert delta("nv_inference_request_failure", m, reason="BACKEND") == 0
     assert delta("nv_inference_request_failure", "raiser", reason="BACKEND") == 1
     assert delta("nv_inference_request_success", "raiser") == 0
+    # A model that answers with an error ran well: Triton counts the request a success.
+    assert delta("nv_inference_request_success", "error_response") == 1
+    assert delta("nv_inference_count", "error_response") == 1
+    assert delta("nv_inference_request_failure", "error_response", reason="BACKEND") == 0
     for name in ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
                  "nv_inference_compute_infer_duration_us"):
         assert delta(name, m) > 0, name

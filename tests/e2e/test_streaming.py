@@ -382,12 +382,19 @@ def test_generate_returns_the_single_response(server):
                          ids=["two responses", "none"])
 def test_generate_answers_an_error_when_the_model_sends_other_than_one_response(server, model,
                                                                                 body):
+    success = metric(server, "nv_inference_request_success", model)
     r = httpx.post(http_url(server, model, "generate"), json=body)
     # As Triton 2.51: 200, with the error as the body.
     assert r.status_code == 200
     assert r.json() == {"error": "generate expects model to produce exactly 1 response, use "
                                  "generate stream for model that generates various number of "
                                  "responses"}
+    # The model's stream ran to its end, and Triton counts it a success.
+    deadline = time.monotonic() + WAIT_S
+    while metric(server, "nv_inference_request_success", model) == success \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert metric(server, "nv_inference_request_success", model) == success + 1
 
 
 def test_generate_stream_sends_one_event_per_response(server):
@@ -402,6 +409,8 @@ def test_generate_stream_sends_one_event_per_response(server):
 
 
 def test_generate_stream_reports_a_later_error_as_an_event(server):
+    success = metric(server, "nv_inference_request_success", "stream_probe")
+    failure = metric(server, "nv_inference_request_failure", "stream_probe", reason="BACKEND")
     with httpx.Client(timeout=WAIT_S) as client:
         with connect_sse(client, "POST", http_url(server, "stream_probe", "generate_stream"),
                          json={"COUNT": 5, "fail_after": 2}) as events:
@@ -409,6 +418,13 @@ def test_generate_stream_reports_a_later_error_as_an_event(server):
             docs = [event.json() for event in events.iter_sse()]
     assert [d.get("OUT") for d in docs[:2]] == [[0] * 4, [1] * 4]
     assert docs[2:] == [{"error": "probe failure"}]
+    # The model answered with that error, as Triton sees it: the request is a success.
+    deadline = time.monotonic() + WAIT_S
+    while metric(server, "nv_inference_request_success", "stream_probe") == success \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert metric(server, "nv_inference_request_success", "stream_probe") == success + 1
+    assert metric(server, "nv_inference_request_failure", "stream_probe", reason="BACKEND") == failure
 
 
 @pytest.mark.parametrize("model, body, status", [
