@@ -11,8 +11,8 @@ stream_faults), failed BLS calls (bls_faults), BLS calls from a decoupled model 
 ensembles and a faulty step (ens_faults), system shared memory over both protocols, the
 response headers a client reads, the metadata and config of every model, the repository
 index, and the metric families (names, types and label keys; not values). After each request
-and stream of the battery, what it added to each model's statistics counts is compared too
-("counted <case>"). Then both servers start again in explicit model control, on a copy of the
+and stream of the battery, what it added to each model's statistics counts and request
+counters (metrics, failures by reason) is compared too ("counted <case>"). Then both servers start again in explicit model control, on a copy of the
 repository, for a sequence of loads (unknown models, config overrides good and bad, model
 files, models that fail to load), unloads (with dependents), indexes, and requests to models
 not loaded. Answers that depend on time or load (durations) are not compared. KNOWN lists the
@@ -813,13 +813,13 @@ def answers(ports):
     """Every case's answer from the server on (http, grpc, metrics) ports."""
     http_port, grpc_port, metrics_port = ports
     out = {}
-    counts = all_counts(http_port)
+    counts = all_counts(ports)
 
     def ask(name, how, *args, settle_s=0.0):
         """The case's answer, and (as "counted <case>") what it added to the statistics."""
         nonlocal counts
         out[name] = how(*args)
-        now = all_counts(http_port, settle_s)
+        now = all_counts(ports, settle_s)
         out[f"counted {name}"] = counted(counts, now)
         counts = now
 
@@ -828,7 +828,7 @@ def answers(ports):
     for name, case in header_cases().items():
         out[name] = http_headers(http_port, *case)
     out.update(shm_answers(http_port, grpc_port))
-    counts = all_counts(http_port)
+    counts = all_counts(ports)
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
     for name, (method, request) in {**grpc_cases(), **grpc_datatype_cases()}.items():
@@ -1063,15 +1063,34 @@ def counts_of(stats: dict) -> dict:
     return counts
 
 
-def all_counts(http_port, settle_s: float = 0.0) -> dict:
-    """Every model's counts, after `settle_s` and once two readings in a row agree (a server
-    may count a request a moment after it answered it: Triton a decoupled one, when it
-    releases it)."""
+# The counters of the metrics endpoint that count requests, by model.
+COUNTED_METRICS = re.compile(r'^(nv_inference_request_success|nv_inference_request_failure|nv_inference_count|'
+                             r'nv_inference_exec_count)\{(.*)\} (\S+)$', re.M)
+
+
+def metric_counts(metrics_port) -> dict:
+    """{model: {counter (with its reason): value}}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    counts = {}
+    for name, labels, value in COUNTED_METRICS.findall(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = f"metric {name}" + (f" {labels['reason']}" if "reason" in labels else "")
+        counts.setdefault(labels["model"], {})[key] = float(value)
+    return counts
+
+
+def all_counts(ports, settle_s: float = 0.0) -> dict:
+    """Every model's counts, in its statistics and its metrics, after `settle_s` and once two
+    readings in a row agree (a server may count a request a moment after it answered it:
+    Triton a decoupled one, when it releases it)."""
+    http_port, _, metrics_port = ports
     time.sleep(settle_s)
     last = None
     for _ in range(20):
         answer = http_call(http_port, "GET", "/v2/models/stats")
         counts = {e["name"]: counts_of(e) for e in answer[1]["model_stats"]} if answer[0] == 200 else {}
+        for model, metrics in metric_counts(metrics_port).items():
+            counts.setdefault(model, {}).update(metrics)
         if counts == last:
             return counts
         last = counts
