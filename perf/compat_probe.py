@@ -366,6 +366,21 @@ def grpc_datatype_cases():
     params.parameters["s"].string_param = "x"
     shaped = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2, 0), raw=(b"",))
     scalar = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(), raw=(raw_of("INT32", [1]),))
+    def step(value, sequence_id, choice="int64_param", **flags):
+        request = grpc_request(model="accumulate", name="INPUT", datatype="INT32", shape=(1, 1),
+                               raw=(raw_of("INT32", [value]),))
+        setattr(request.parameters["sequence_id"], choice, sequence_id)
+        for flag, on in flags.items():
+            request.parameters[flag].bool_param = on
+        return request
+    cases.update({
+        "grpc sequence step 1": ("ModelInfer", step(2, 92, sequence_start=True)),
+        "grpc sequence step 2": ("ModelInfer", step(3, 92)),
+        "grpc sequence step 3": ("ModelInfer", step(4, 92, sequence_end=True)),
+        "grpc sequence string id": ("ModelInfer", step(1, "g1", "string_param", sequence_start=True, sequence_end=True)),
+        "grpc sequence flag as int": ("ModelInfer", step(1, 93, sequence_start=True)),
+    })
+    cases["grpc sequence flag as int"][1].parameters["sequence_end"].int64_param = 1
     cases.update({
         "grpc types classification": ("ModelInfer", classify),
         "grpc types output not produced": ("ModelInfer", subset),
@@ -509,6 +524,27 @@ def http_cases():
                          ("sequence start not bool", {"sequence_id": 9, "sequence_start": "yes"})):
         cases[name] = ("POST", "/v2/models/accumulate/infer", {
             "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}], "parameters": params})
+    def step(model, value, rows=1, **params):
+        return ("POST", f"/v2/models/{model}/infer", {"inputs": [
+            {"name": "INPUT", "shape": [rows, 1], "datatype": "INT32", "data": [value] * rows}],
+            "parameters": params})
+    cases.update({  # more of the sequence batcher, each step in order
+        "sequence restart 1": step("accumulate", 5, sequence_id=79, sequence_start=True),
+        "sequence restart 2": step("accumulate", 7, sequence_id=79, sequence_start=True),
+        "sequence restart 3": step("accumulate", 1, sequence_id=79, sequence_end=True),
+        "sequence two rows": step("accumulate", 1, rows=2, sequence_id=80, sequence_start=True),
+        "sequence end without start": step("accumulate", 1, sequence_id=81, sequence_end=True),
+        "sequence start false": step("accumulate", 1, sequence_id=82, sequence_start=False),
+        "sequence string id": step("accumulate", 1, sequence_id="s1", sequence_start=True, sequence_end=True),
+        "sequence largest id": step("accumulate", 2, sequence_id=2**64 - 1, sequence_start=True, sequence_end=True),
+        "sequence negative id": step("accumulate", 2, sequence_id=-5, sequence_start=True, sequence_end=True),
+        "sequence id 1.5": step("accumulate", 2, sequence_id=1.5, sequence_start=True, sequence_end=True),
+        "oldest step 1": step("accumulate_oldest", 3, sequence_id=90, sequence_start=True),
+        "oldest step 2": step("accumulate_oldest", 4, sequence_id=90),
+        "oldest other sequence": step("accumulate_oldest", 10, sequence_id=91, sequence_start=True, sequence_end=True),
+        "oldest step 3": step("accumulate_oldest", 5, sequence_id=90, sequence_end=True),
+        "oldest after its end": step("accumulate_oldest", 5, sequence_id=90),
+    })
     for mode in range(16):  # bls_faults: BLS calls that go wrong, as the calling model sees them
         cases[f"bls fault {mode}"] = ("POST", "/v2/models/bls_faults/infer", {"inputs": [
             {"name": "MODE", "shape": [1], "datatype": "INT32", "data": [mode]}]})
