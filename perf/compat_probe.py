@@ -607,7 +607,10 @@ def http_headers(port, method, path, body=None, headers=None):
     return resp.status, {key: resp.getheader(key) for key in HEADERS_COMPARED if resp.getheader(key)}
 
 
-SHM_IN, SHM_OUT = "/shmserve_probe_in", "/shmserve_probe_out"
+SHM_IN, SHM_OUT, SHM_STR = "/shmserve_probe_in", "/shmserve_probe_out", "/shmserve_probe_str"
+# SHM_STR: two BYTES elements at 0 (11 bytes), one whose length runs past its 6 bytes at 32.
+STR_REGION = (struct.pack("<I", 2) + b"ab" + struct.pack("<I", 1) + b"c").ljust(32, b"\0") + \
+    (struct.pack("<I", 9) + b"ab").ljust(32, b"\0")
 
 
 def shm_answers(http_port, grpc_port):
@@ -616,7 +619,7 @@ def shm_answers(http_port, grpc_port):
     import posix_ipc
     regions = []
     try:
-        for key, data in ((SHM_IN, F4), (SHM_OUT, bytes(64))):
+        for key, data in ((SHM_IN, F4), (SHM_OUT, bytes(64)), (SHM_STR, STR_REGION)):
             shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=len(data))
             with open(f"/dev/shm{key}", "r+b") as f:
                 f.write(data)
@@ -635,6 +638,13 @@ def _shm_answers(http_port, grpc_port):
     def region_bytes():
         with open(f"/dev/shm{SHM_OUT}", "rb") as f:
             return f.read(32).hex()
+
+    def strings(input_region, in_size, shape, output_region, out_size, in_offset=0):
+        return {"inputs": [{"name": "IN_BYTES", "shape": shape, "datatype": "BYTES", "parameters": {
+                    "shared_memory_region": input_region, "shared_memory_byte_size": in_size,
+                    "shared_memory_offset": in_offset}}],
+                "outputs": [{"name": "OUT_BYTES", "parameters": {
+                    "shared_memory_region": output_region, "shared_memory_byte_size": out_size}}]}
 
     def infer(input_region, output_region, out_size=16, in_size=16, in_offset=0):
         return {"inputs": [inp(data=None, parameters={
@@ -660,6 +670,27 @@ def _shm_answers(http_port, grpc_port):
         ("shm infer after unregister", "POST", M + "/infer", infer("in", "out")),
         ("shm unregister all", "POST", base + "/unregister", None),
         ("shm status after unregister", "GET", base + "/status", None),
+        # BYTES in and out of regions (all_types).
+        ("shm register str", "POST", base + "/region/str/register", {"key": SHM_STR, "offset": 0, "byte_size": 64}),
+        ("shm register out2", "POST", base + "/region/out2/register", {"key": SHM_OUT, "offset": 0, "byte_size": 64}),
+        ("shm infer BYTES", "POST", T, strings("str", 11, [2], "out2", 64)),
+        ("shm infer BYTES output region too small", "POST", T, strings("str", 11, [2], "out2", 8)),
+        ("shm infer BYTES past the end", "POST", T, strings("str", 6, [1], "out2", 64, in_offset=32)),
+        ("shm infer BYTES fewer elements", "POST", T, strings("str", 11, [3], "out2", 64)),
+        ("shm infer BYTES elements beyond its bytes", "POST", T, strings("str", 4, [2], "out2", 64)),
+        ("shm infer size 0", "POST", T, strings("str", 0, [0], "out2", 64)),
+        ("shm infer with data too", "POST", T, {"inputs": [{
+            "name": "IN_BYTES", "shape": [1], "datatype": "BYTES", "data": ["x"], "parameters": {
+                "shared_memory_region": "str", "shared_memory_byte_size": 11}}]}),
+        ("shm infer output in a region and binary", "POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [1]}],
+            "outputs": [{"name": "OUT_INT32", "parameters": {
+                "shared_memory_region": "out2", "shared_memory_byte_size": 4, "binary_data": True}}]}),
+        ("shm infer output offset", "POST", T, {"inputs": [
+            {"name": "IN_INT32", "shape": [1], "datatype": "INT32", "data": [0x01020304]}],
+            "outputs": [{"name": "OUT_INT32", "parameters": {
+                "shared_memory_region": "out2", "shared_memory_byte_size": 4, "shared_memory_offset": 20}}]}),
+        ("shm unregister all again", "POST", base + "/unregister", None),
     ]
     for name, method, path, body in steps:
         out[name] = http_call(http_port, method, path, body)

@@ -788,14 +788,7 @@ def _check_byte_size(t, data, model: str, limit: int) -> None:
         if nbytes > limit:
             raise _too_large(t.name, model, nbytes, limit)
         if type(data) is RegionSlice:
-            # Each element has a 4-byte length: more elements than that would have the worker
-            # allocate for a shape's claim before it reads a byte of the region.
-            if count * 4 > nbytes:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"unexpected number of string elements for inference input "
-                                  f"'{t.name}' for model '{model}': {count} elements do not "
-                                  f"fit in {nbytes} bytes")
-            return
+            return  # the worker checks the elements, before it allocates for them
         try:
             datatypes.check_bytes(data, count)
         except datatypes.BytesLayoutError as exc:
@@ -812,28 +805,9 @@ def _check_byte_size(t, data, model: str, limit: int) -> None:
 
 
 def _bytes_layout_error(exc, name: str, model: str, count: int) -> ServerError:
-    """Triton's words for each way a BYTES tensor's bytes can miss its shape."""
-    if exc.problem == "length":
-        return ServerError(Code.INVALID_ARG,
-                           f"incomplete string length indicator for inference input '{name}' "
-                           f"for model '{model}', expecting 4 bytes but only {exc.available} "
-                           f"bytes available. Please make sure the string length indicator is "
-                           f"in one buffer.")
-    if exc.problem == "many":
-        return ServerError(Code.INVALID_ARG,
-                           f"unexpected number of string elements {exc.found} for inference "
-                           f"input '{name}' for model '{model}', expecting {count}")
-    if exc.problem == "data":
-        # Triton's Python backend finds this one as it reads the elements, after the
-        # request was validated: its message names neither the request nor the model, and
-        # the request counts as failed.
-        return BackendReadError(Code.INVALID_ARG,
-                                f"incomplete string data for inference input '{name}', "
-                                f"expecting string of length {exc.size} but only "
-                                f"{exc.available} bytes available")
-    return ServerError(Code.INVALID_ARG,
-                       f"expected {count} string elements for inference input '{name}' for "
-                       f"model '{model}', got {exc.found}")
+    # The one Triton's backend finds counts the request as failed (see BackendReadError).
+    kind = BackendReadError if exc.problem == "data" else ServerError
+    return kind(Code.INVALID_ARG, exc.describe(name, model, count))
 
 
 def _too_large(name: str, model: str, nbytes: int, limit: int) -> ServerError:

@@ -297,7 +297,8 @@ class ModelRunner:
         batch = []  # (index in `requests`, pb_utils request, its sender callback)
         for index, request in enumerate(requests):
             try:
-                inputs = [_input_tensor(tensor) for tensor in request.inputs]
+                inputs = [_input_tensor(tensor, request, self._model_name)
+                          for tensor in request.inputs]
                 if sequence is not None:
                     inputs = sequence.inputs(inputs, request.sequence_slot, request.flags,
                                              request.correlation_id, request.ready)
@@ -497,8 +498,20 @@ def _error_response(code: str, message: str) -> RunnerResponse:
     return RunnerResponse(outputs=[], error=(code, message), parameters={})
 
 
-def _input_tensor(tensor: RunnerInput) -> pb_utils.Tensor:
+def _input_tensor(tensor: RunnerInput, request: RunnerRequest,
+                  model_name: str) -> pb_utils.Tensor:
     """A pb_utils.Tensor over the wire bytes: a zero-copy view except for BYTES."""
+    if tensor.datatype == "BYTES" and tensor.origin is not None:
+        # In a client's region, which only the worker reads: it checks the elements, in
+        # Triton's words (the front checks those a request carries).
+        count = datatypes.element_count(tensor.shape)
+        try:
+            datatypes.check_bytes(tensor.buffer, count)
+        except datatypes.BytesLayoutError as exc:
+            message = exc.describe(tensor.name, model_name, count)
+            if exc.problem != "data":
+                message = f"[request id: {request.request_id or '<id_unknown>'}] {message}"
+            raise ValueError(message) from None
     try:
         if cuda.is_device_array(tensor.buffer):  # a cupy view of a client's CUDA region
             dtype = datatypes.numpy_dtype(tensor.datatype)

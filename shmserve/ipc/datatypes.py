@@ -136,6 +136,23 @@ class BytesLayoutError(ValueError):
         self.size = size
         self.available = available
 
+    def describe(self, name: str, model: str, count: int) -> str:
+        """Triton's words for it, for input `name` of `count` elements. All but "data" follow
+        the request's ID in Triton's answer: its Python backend finds that one, as it reads
+        the elements of a request that passed validation."""
+        if self.problem == "length":
+            return (f"incomplete string length indicator for inference input '{name}' for "
+                    f"model '{model}', expecting 4 bytes but only {self.available} bytes "
+                    f"available. Please make sure the string length indicator is in one buffer.")
+        if self.problem == "many":
+            return (f"unexpected number of string elements {self.found} for inference input "
+                    f"'{name}' for model '{model}', expecting {count}")
+        if self.problem == "data":
+            return (f"incomplete string data for inference input '{name}', expecting string of "
+                    f"length {self.size} but only {self.available} bytes available")
+        return (f"expected {count} string elements for inference input '{name}' for model "
+                f"'{model}', got {self.found}")
+
 
 def check_bytes(buffer, count: int) -> None:
     """Check that `buffer` holds exactly `count` well-formed BYTES elements (BytesLayoutError)."""

@@ -309,6 +309,31 @@ def test_inference_errors(clients, regions, protocol):
     assert c.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0").shape == (1, 4)
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bytes_in_a_region_that_miss_their_shape_get_tritons_message(clients, regions, protocol):
+    mod = CLIENTS[protocol]
+    c = clients[protocol]
+    key, handle = regions.make(64)
+    good = np.array([b"ab", b"c"], np.object_)
+    shm.set_shared_memory_region(handle, [serialize_byte_tensor(good)])
+    c.register_system_shared_memory("str", key, 64)
+
+    def infer(count, byte_size):
+        tensor = mod.InferInput("IN_BYTES", [count], "BYTES")
+        tensor.set_shared_memory("str", byte_size)
+        return c.infer("echo_all", [tensor])
+
+    with pytest.raises(InferenceServerException) as e:
+        infer(3, 11)
+    assert e.value.message() == ("[request id: <id_unknown>] expected 3 string elements for "
+                                 "inference input 'IN_BYTES' for model 'echo_all', got 2")
+    with pytest.raises(InferenceServerException) as e:
+        infer(1, 5)  # the first element's 2 bytes cut to 1
+    assert e.value.message() == ("incomplete string data for inference input 'IN_BYTES', "
+                                 "expecting string of length 2 but only 1 bytes available")
+    assert list(infer(2, 11).as_numpy("OUT_BYTES")) == [b"ab", b"c"]
+
+
 def test_a_region_whose_object_was_replaced_is_refused(clients, regions):
     c = clients["grpc"]
     key, handle = regions.make(64)

@@ -694,3 +694,48 @@ def test_a_models_exception_is_described_with_its_frames_innermost_first(make_ru
     assert response.error[1].endswith(
         "message: TritonModelException: Tensor name cannot be an empty string.\n\nAt:\n"
         f"  {path}(5): inner\n  {path}(9): execute\n")
+
+
+ECHO_BYTES = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+BYTES_CONFIG = {"name": "s", "max_batch_size": 0,
+                "input": [{"name": "IN", "data_type": "TYPE_STRING", "dims": [-1]}],
+                "output": [{"name": "OUT", "data_type": "TYPE_STRING", "dims": [-1]}]}
+
+
+def _region_bytes_request(raw: bytes, count: int, request_id="q"):
+    # `origin` set: the bytes are a view of a client's region, which only the worker reads.
+    return RunnerRequest(request_id=request_id, correlation_id=0, flags=0, parameters={},
+                         inputs=[RunnerInput("IN", "BYTES", [count], memoryview(raw), [1, 0, len(raw)])],
+                         requested_output_names=["OUT"])
+
+
+@pytest.mark.parametrize("raw, count, message", [
+    (datatypes.serialize_bytes([b"ab", b"c"]), 3,
+     "[request id: q] expected 3 string elements for inference input 'IN' for model 's', got 2"),
+    (datatypes.serialize_bytes([b"ab"]) + b"\x01", 2,
+     "[request id: q] incomplete string length indicator for inference input 'IN' for model 's', "
+     "expecting 4 bytes but only 1 bytes available. Please make sure the string length indicator "
+     "is in one buffer."),
+    ((9).to_bytes(4, "little") + b"ab", 1,
+     "incomplete string data for inference input 'IN', expecting string of length 9 but only 2 "
+     "bytes available"),
+    # A shape that claims far more elements than the bytes hold: refused, nothing allocated.
+    (datatypes.serialize_bytes([b"a"]), 10**12,
+     "[request id: q] expected 1000000000000 string elements for inference input 'IN' for model "
+     "'s', got 1"),
+])
+def test_bytes_in_a_region_are_checked_before_anything_is_allocated(make_runner, raw, count, message):
+    runner = make_runner(ECHO_BYTES, BYTES_CONFIG)
+    runner.initialize()
+    (response,) = run(runner, _region_bytes_request(raw, count))
+    assert response.error == ("INVALID_ARG", message)
+    good = datatypes.serialize_bytes([b"ab", b"c"])
+    (response,) = run(runner, _region_bytes_request(good, 2))
+    assert list(outputs_of(response)["OUT"].array) == [b"ab", b"c"]
