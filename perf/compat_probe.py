@@ -1,5 +1,6 @@
 """Same requests, same answers? Sends one battery of requests to the real Triton (the anchors)
-and to shmserve, both serving perf/triton_repo at once, and prints every answer that differs.
+and to shmserve, both serving a copy of perf/triton_repo (and model_repository/textgen) at once,
+and prints every answer that differs.
 
     .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
 
@@ -38,7 +39,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from servers import PERF_DIR, ServerError, ShmServer, TritonServer, add_server_arguments, anchors_env
+from servers import (PERF_DIR, REPO_ROOT, ServerError, ShmServer, TritonServer, add_server_arguments,
+                     anchors_env)
 
 M = "/v2/models/identity_fp32"
 F4 = struct.pack("<4f", 1, 2, 3, 4)
@@ -96,6 +98,8 @@ KNOWN = {
     "counted stream fault 5": "the model raises after its final response: Triton counts the request failed, "
                               "shmserve, whose answer was whole, a success",
     "stream identity triton_grpc_error": "as 'stream triton_grpc_error'",
+    "textgen generate_stream no text": "as 'features required input missing' (the model itself says "
+                                       "'text_input' is required, as an event)",
     "HEAD live": "shmserve answers HEAD wherever GET is allowed (RFC 9110); Triton 2.51: 405",
     "logging bad format": "the same message; Triton 2.51 answers 503 (UNAVAILABLE), shmserve 400",
     "metadata, name percent-encoded": "tritonclient percent-encodes model names in URLs and shmserve decodes "
@@ -567,6 +571,22 @@ def http_cases():
         "generate ensemble": ("POST", "/v2/models/ens_faults/generate", {"MODE": [0]}),
         "generate ensemble whose step raises": ("POST", "/v2/models/ens_faults/generate", {"MODE": [1]}),
         "generate_stream decoupled ensemble": ("POST", "/v2/models/ens_repeat/generate_stream", {"IN": [4, 5]}),
+        # textgen: a decoupled model of BYTES, integer, float, boolean and list inputs.
+        "textgen generate_stream": ("POST", "/v2/models/textgen/generate_stream", {
+            "text_input": "It was", "max_tokens": 6, "seed": 3, "temperature": 0.8}),
+        "textgen generate_stream with parameters": ("POST", "/v2/models/textgen/generate_stream", {
+            "text_input": "The ", "parameters": {"max_tokens": 4, "seed": 5, "top_p": 0.5}, "id": "t1"}),
+        "textgen generate_stream stop": ("POST", "/v2/models/textgen/generate_stream", {
+            "text_input": "It was", "max_tokens": 20, "seed": 3, "stop": ["e", "a"]}),
+        "textgen generate whole": ("POST", "/v2/models/textgen/generate", {
+            "text_input": "It was", "max_tokens": 5, "seed": 3, "stream": False}),
+        "textgen generate streaming model": ("POST", "/v2/models/textgen/generate", {
+            "text_input": "It was", "max_tokens": 5, "seed": 3}),
+        "textgen generate_stream bad seed": ("POST", "/v2/models/textgen/generate_stream", {
+            "text_input": "It was", "seed": -1}),
+        "textgen generate_stream no text": ("POST", "/v2/models/textgen/generate_stream", {"max_tokens": 2}),
+        "textgen generate_stream text as list": ("POST", "/v2/models/textgen/generate_stream", {
+            "text_input": ["It", "was"], "max_tokens": 2}),
         **{f"generate model fault {mode}": ("POST", "/v2/models/model_faults/generate", {"MODE": [mode]})
            for mode in (1, 3, 4, 5, 11)},
         "generate_stream model fault 1": ("POST", "/v2/models/model_faults/generate_stream", {"MODE": [1]}),
@@ -811,6 +831,14 @@ def stream_cases():
                                                raw=(struct.pack("<i", 3),)), identity("after")], None),
         "stream no requests": ([], None),
     }
+    text = pb.ModelInferRequest(model_name="textgen", id="tg")
+    for name, datatype, raw in (("text_input", "BYTES", raw_of("BYTES", ["It was"])),
+                                ("max_tokens", "INT32", raw_of("INT32", [5])),
+                                ("seed", "UINT64", raw_of("UINT64", [3])),
+                                ("temperature", "FP32", raw_of("FP32", [0.8]))):
+        text.inputs.add(name=name, datatype=datatype, shape=[1])
+        text.raw_input_contents.append(raw)
+    cases["stream textgen"] = ([text], None)
     return {**cases,
         "stream": ([repeat(request_id="a")], None),
         "stream unknown model, then on": ([repeat(1, model="nope", request_id="x"), repeat(1, request_id="y")], None),
@@ -1274,9 +1302,13 @@ def main() -> int:
     add_server_arguments(ap)
     ap.add_argument("--verbose", action="store_true", help="print the known differences too")
     args = ap.parse_args()
-    repo = PERF_DIR / "triton_repo"
     log_dir = PERF_DIR / "results" / time.strftime("compat-%Y%m%d-%H%M%S")
     log_dir.mkdir(parents=True)
+    # triton_repo, and the streaming text model of model_repository/.
+    repo = log_dir / "repo"
+    shutil.copytree(PERF_DIR / "triton_repo", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO_ROOT / "model_repository" / "textgen", repo / "textgen",
+                    ignore=shutil.ignore_patterns("__pycache__", "corpus.txt", "train.py"))
     segments_before = set(os.listdir("/dev/shm"))
     triton = TritonServer(args.anchors, anchors_env(args.anchors), repo, log_dir / "triton.log")
     shmserve = ShmServer(repo, tuple(args.shmserve_ports), log_dir / "shmserve.log")

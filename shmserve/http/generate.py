@@ -103,11 +103,9 @@ def _shape(spec: TensorSpec, count: int) -> list[int]:
         shape[variable[-1]] = fill
     else:
         rest = count - fixed
-    if rest:
-        raise invalid_arg(
-            f"unexpected number of elements for input '{spec.name}': {count} do not fit "
-            f"its dims {list(dims)}"
-        )
+    if rest:  # Triton's words
+        raise invalid_arg(f"The schema can not convert input '{spec.name}' to tensor with "
+                          f"proper shape")
     return shape
 
 
