@@ -48,6 +48,7 @@ F4 = struct.pack("<4f", 1, 2, 3, 4)
 # Case name -> why its answers may differ.
 KNOWN = {
     "GET /v2": "server name and version",
+    "grpc server metadata": "server name and version",
     "ready unknown model": "the reference: unknown model -> 404 (Triton 2.51: 400 'Model version not ready')",
     "ready unknown version": "the reference: unknown model -> 404",
     "grpc ModelReady unknown model": "the reference: NOT_FOUND (Triton 2.51: OK, ready false)",
@@ -966,9 +967,17 @@ def answers(ports):
     out["stats shape all"] = (answer[0], shape_of(answer[1])) if isinstance(answer, tuple) else answer
     index = http_call(http_port, "POST", "/v2/repository/index", {})
     out["index"] = index
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
     for entry in index[1] if isinstance(index, tuple) and isinstance(index[1], list) else []:
         out[f"metadata {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}")
         out[f"config {entry['name']}"] = http_call(http_port, "GET", f"/v2/models/{entry['name']}/config")
+        out[f"grpc metadata {entry['name']}"] = grpc_answer(stub, "ModelMetadata",
+                                                            pb.ModelMetadataRequest(name=entry["name"]))
+        out[f"grpc config {entry['name']}"] = grpc_answer(stub, "ModelConfig",
+                                                          pb.ModelConfigRequest(name=entry["name"]))
+    out["grpc server metadata"] = grpc_answer(stub, "ServerMetadata", pb.ServerMetadataRequest())
+    channel.close()
     out["metrics"] = metric_families(metrics_port)
     return out
 
