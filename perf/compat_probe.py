@@ -26,6 +26,7 @@ import base64
 import contextlib
 import os
 import shutil
+import socket
 import http.client
 import json
 import re
@@ -49,6 +50,9 @@ F4 = struct.pack("<4f", 1, 2, 3, 4)
 KNOWN = {
     "GET /v2": "server name and version",
     "grpc server metadata": "server name and version",
+    "transport pipelined, the first bad": "malformed JSON: 400 as the reference says (Triton 2.51: 500); the "
+                                          "request after it gets the same answer",
+    "transport lower-case method": "Triton 2.51 closes the connection without an answer; shmserve answers 400",
     "ready unknown model": "the reference: unknown model -> 404 (Triton 2.51: 400 'Model version not ready')",
     "ready unknown version": "the reference: unknown model -> 404",
     "grpc ModelReady unknown model": "the reference: NOT_FOUND (Triton 2.51: OK, ready false)",
@@ -595,6 +599,62 @@ def http_cases():
     return cases
 
 
+def raw_exchange(port, data: bytes, responses: int):
+    """What a server answers to `data` written as it is on one connection: each of the
+    `responses` answers' status and body, in order."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        stream = sock.makefile("rb")
+
+        class Kept:  # HTTPResponse closes its stream at the end of a body: not this one
+            def __getattr__(self, name):
+                return getattr(stream, name)
+
+            def close(self):
+                pass
+
+        class OneStream:  # every response read from the same buffered stream
+            def makefile(self, *args, **kwargs):
+                return Kept()
+        answers = []
+        try:
+            for _ in range(responses):
+                resp = http.client.HTTPResponse(OneStream())
+                resp.begin()
+                body = resp.read()
+                try:
+                    answers.append((resp.status, json.loads(body)))
+                except ValueError:
+                    answers.append((resp.status, body[:200].decode(errors="replace")))
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            answers.append(type(exc).__name__)
+        return answers
+
+
+def transport_cases():
+    """HTTP/1.1 as a client may write it: chunked bodies, pipelining, 100-continue, 1.0."""
+    body = json.dumps({"inputs": [inp()]}).encode()
+    head = f"POST {M}/infer HTTP/1.1\r\nHost: x\r\n".encode()
+    sized = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    chunked = head + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
+        b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\n\r\n"
+    return {
+        "transport chunked body": (chunked, 1),
+        "transport two pipelined": (sized + sized, 2),
+        "transport pipelined, the first bad": (head + b"Content-Length: 2\r\n\r\n{]" + sized, 2),
+        "transport 100-continue": (head + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+                                   + body, 1),
+        "transport HTTP/1.0": (f"GET {M} HTTP/1.0\r\n\r\n".encode(), 1),
+        "transport connection close": (f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                       .encode() + sized, 2),
+        "transport lower-case method": (f"get {M} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 1),
+        "transport no Host": (f"GET {M} HTTP/1.1\r\n\r\n".encode(), 1),
+        "transport binary header length in another case": (
+            head + b"inference-header-content-length: %d\r\nContent-Length: %d\r\n\r\n" % (len(body), len(body))
+            + body, 1),
+    }
+
+
 def header_cases():
     """Requests whose response headers are compared (those a client reads)."""
     body4, head4 = binary({"inputs": [inp(data=None, parameters={"binary_data_size": 16})],
@@ -950,6 +1010,8 @@ def answers(ports):
         ask(name, http_call, http_port, *case, settle_s=0.1 if "generate" in case[1] else 0.0)
     for name, case in header_cases().items():
         out[name] = http_headers(http_port, *case)
+    for name, (data, responses) in transport_cases().items():
+        out[name] = raw_exchange(http_port, data, responses)
     out.update(shm_answers(http_port, grpc_port))
     counts = all_counts(ports)
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
