@@ -645,8 +645,8 @@ def transport_cases():
         "transport 100-continue": (head + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
                                    + body, 1),
         "transport HTTP/1.0": (f"GET {M} HTTP/1.0\r\n\r\n".encode(), 1),
-        "transport connection close": (f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                                       .encode() + sized, 2),
+        "transport connection close": (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                       + sized, 2),
         "transport lower-case method": (f"get {M} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 1),
         "transport no Host": (f"GET {M} HTTP/1.1\r\n\r\n".encode(), 1),
         "transport binary header length in another case": (
