@@ -348,6 +348,22 @@ def grpc_datatype_cases():
     both.inputs[0].contents.int_contents.extend([1, 2])
     many = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(2,), raw=())
     many.inputs[0].contents.int_contents.extend([1, 2, 3])
+    def typed_request(datatype, shape, field, values):
+        request = grpc_request(model="all_types", name=f"IN_{datatype}", datatype=datatype,
+                               shape=shape, raw=())
+        getattr(request.inputs[0].contents, field).extend(values)
+        return request
+    for name, request in {
+            "too few": typed_request("INT32", (3,), "int_contents", [1, 2]),
+            "BYTES too few": typed_request("BYTES", (3,), "bytes_contents", [b"a"]),
+            "BYTES too many": typed_request("BYTES", (1,), "bytes_contents", [b"a", b"b"]),
+            "BOOL too many": typed_request("BOOL", (1,), "bool_contents", [True, False]),
+            "empty shape, no contents": typed_request("INT32", (0,), "int_contents", []),
+            "UINT8 300": typed_request("UINT8", (1,), "uint_contents", [300]),
+            "FP64 in fp32_contents": typed_request("FP64", (1,), "fp32_contents", [1.5]),
+            "INT64 in int_contents": typed_request("INT64", (1,), "int_contents", [5]),
+    }.items():
+        cases[f"grpc types typed {name}"] = ("ModelInfer", request)
     int8 = grpc_request(model="all_types", name="IN_INT8", datatype="INT8", shape=(1,), raw=())
     int8.inputs[0].contents.int_contents.append(300)
     classify = grpc_request(model="all_types", name="IN_FP64", datatype="FP64", shape=(3,),
