@@ -37,7 +37,13 @@ _SWEEP_INTERVAL_S = 1.0
 # before reading gets the refusal instead of a reset.
 LINGER_S = 5.0
 
-_LARGE_BODY = 64 * 1024  # written after the head instead of joined with it
+# A request head longer than this is parsed every time (see _take_known): clients that repeat
+# their heads send short ones.
+MAX_KNOWN_HEAD = 4096
+_LARGE_BODY = 64 * 1024
+# Response heads already written, by what they are made of: most answers repeat one.
+_HEADS: dict = {}
+MAX_KNOWN_RESPONSE_HEADS = 256  # written after the head instead of joined with it
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
                  for s in http.HTTPStatus}
 
@@ -156,6 +162,10 @@ class _Connection(asyncio.Protocol):
         self._unfinished_head = 0  # bytes read into a header or trailer not yet complete
         self._body: list = []
         self._body_bytes = 0
+        # The head of the last request that arrived alone in one read, and what it parsed
+        # to; see _take_known.
+        self._known_head = b""
+        self._known: tuple = ()
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -165,11 +175,21 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return
-        begun = self._begun
+        # Between requests the parser is at a request's start (it skips CR and LF there).
+        between = self.phase == _IDLE or self.phase == _SERVING
+        if between and self._known_head:
+            data = self._take_known(data)
+            if not data:
+                self._serve_next()
+                return
         phase = self.phase
+        begun = self._begun
         body_bytes = self._body_bytes
         try:
             self.parser.feed_data(data)
+            if between and self._begun == begun + 1 and self.phase == _SERVING \
+                    and not self.refused:
+                self._learn_head(data)
             if (self._begun == begun and self.phase == phase
                     and (phase == _HEAD or (phase == _BODY and self._body_bytes == body_bytes))):
                 # The parser keeps an unfinished header (or chunked trailer) to itself: the
@@ -184,6 +204,42 @@ class _Connection(asyncio.Protocol):
             if not self.refused:
                 self._refuse(error_response(400, f"malformed HTTP request: {exc}"))
         self._serve_next()
+
+    def _learn_head(self, data: bytes) -> None:
+        """Keep the head of the request just parsed when `data` held that request alone,
+        and nothing in it asks for more than a plain request (a body of its Content-Length,
+        kept alive, no 100 Continue)."""
+        request = self.pending[-1]
+        headers = request.headers
+        head_length = len(data) - len(request.body)
+        if head_length > MAX_KNOWN_HEAD or request.closes \
+                or data.find(b"\r\n\r\n") + 4 != head_length \
+                or "transfer-encoding" in headers or "expect" in headers \
+                or headers.get("content-length", "0") != str(len(request.body)):
+            return
+        self._known_head = data[:head_length]
+        self._known = (request.method, request.path, request.query, dict(headers),
+                       len(request.body))
+
+    def _take_known(self, data: bytes) -> bytes:
+        """Serve the requests at the start of `data` that repeat the known head, without the
+        parser: the same bytes parse to the same request and pass the same checks. What is
+        left is for the parser, which these requests leave at a request's start."""
+        head = self._known_head
+        method, path, query, headers, length = self._known
+        start = len(head)
+        end = start + length
+        while data.startswith(head) and len(data) >= end:
+            self._begun += 1
+            request = Request(method, path, query, headers.copy(), data[start:end], self,
+                              time.perf_counter_ns())
+            self.pending.append(request)
+            self.phase = _SERVING
+            if len(self.pending) > self.server.max_inflight and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()
+            data = data[end:]
+        return data
 
     def eof_received(self) -> bool:
         # The client's end of input closes the connection and cancels its requests: a
@@ -387,12 +443,23 @@ class _Connection(asyncio.Protocol):
 
     # Writing
     def _head(self, status: int, headers: dict, length: int | None) -> bytes:
+        closes = self.closing or self.server.stopping
+        key = (status, length, closes, *headers.items())
+        head = _HEADS.get(key)
+        if head is None:
+            head = _HEADS[key] = self._build_head(status, headers, length, closes)
+            if len(_HEADS) > MAX_KNOWN_RESPONSE_HEADS:
+                _HEADS.clear()
+        return head
+
+    @staticmethod
+    def _build_head(status: int, headers: dict, length: int | None, closes: bool) -> bytes:
         parts = [_status_line(status)]
         for name, value in headers.items():
             parts.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
         if length is not None:
             parts.append(b"Content-Length: %d\r\n" % length)
-        if self.closing or self.server.stopping:
+        if closes:
             parts.append(b"Connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)

@@ -622,25 +622,101 @@ class FakeTransport:
 def test_any_bytes_get_answers_or_a_refusal_never_an_exception(pieces):
     """Fed in pieces, any input leaves the connection answering, refusing with a status, or
     waiting for more; every byte written back is a well-formed response head first."""
+    conn, transport = _fed(echo, pieces)
+    out = bytes(transport.out)
+    assert not out or out.startswith(b"HTTP/1.1 ")
+    if conn.refused and not transport.closed:
+        assert b" 400 " in out or b" 431 " in out or b" 200 " in out
+
+
+def _fed(handle, reads: list) -> tuple:
+    """(connection, transport) of a connection fed `reads` one by one, on a loop of its own
+    that ran until the connection's requests were served."""
     loop = asyncio.new_event_loop()
     try:
-        server = HttpServer(echo, 1 << 16)
+        server = HttpServer(handle, 1 << 16)
         server.loop = loop
         conn = http1._Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)
-        for piece in pieces:
-            conn.data_received(piece)
+        for data in reads:
+            conn.data_received(data)
             loop.run_until_complete(asyncio.sleep(0))
         while conn.task is not None:
             loop.run_until_complete(asyncio.sleep(0))
-        out = bytes(transport.out)
-        assert not out or out.startswith(b"HTTP/1.1 ")
-        if conn.refused and not transport.closed:
-            assert b" 400 " in out or b" 431 " in out or b" 200 " in out
         conn.connection_lost(None)
     finally:
         loop.close()
+    return conn, transport
+
+
+_KINDS_OF_REQUEST = [
+    post("/a", b"0123"),
+    post("/a", b"4567"),  # the same head as the one before
+    post("/b?x=1", b"xy", "X-Extra: 1\r\n"),
+    b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\r\n" + post("/a", b"89ab"),  # the empty line that may come between requests
+    post("/a", b"cdef") + b"\r\n",
+    post("/a", b"wait", "Expect: 100-continue\r\n"),
+    b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\nHost: x\nContent-Length: 4\n\nlfonly",  # bare LF lines
+]
+
+
+def _seen_by_handler(reads: list) -> list:
+    """What the handler saw of each request, and the bytes written back, for a connection
+    fed `reads` one by one."""
+    seen = []
+
+    async def record(request):
+        seen.append((request.method, request.path, request.query, request.headers,
+                     request.body))
+        return Response(200, b"ok")
+
+    _, transport = _fed(record, reads)
+    # Whether a request waits for 100 Continue depends on where the reads cut it.
+    return seen, bytes(transport.out).replace(b"HTTP/1.1 100 Continue\r\n\r\n", b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(range(len(_KINDS_OF_REQUEST))),
+                          st.integers(min_value=1, max_value=3)), min_size=1, max_size=5),
+       st.lists(st.integers(min_value=0, max_value=3), min_size=15, max_size=15))
+def test_a_repeated_request_head_reads_as_the_parser_reads_it(runs, groups):
+    """A head that arrived alone in one read is recognised in later reads without the
+    parser: whatever the reads hold (one request, several, a request and a part of the next),
+    the handler sees what it sees when every byte is parsed, and the client gets the same
+    answers. `runs`: (kind of request, times in a row)."""
+    requests = [_KINDS_OF_REQUEST[k] for k, times in runs for _ in range(times)]
+    reads = []
+    i = 0
+    for group in groups:  # reads of 0 (a request cut in two), 1, 2 or 3 requests
+        if i >= len(requests):
+            break
+        if group == 0:
+            reads += [requests[i][:7], requests[i][7:]]
+            i += 1
+        else:
+            reads.append(b"".join(requests[i:i + group]))
+            i += group
+    reads.append(b"".join(requests[i:]))
+    one_byte_at_a_time = [bytes([b]) for b in b"".join(requests)]  # never a whole request
+    assert _seen_by_handler(reads) == _seen_by_handler(one_byte_at_a_time)
+
+
+def test_a_response_head_written_before_still_says_the_connection_closes():
+    server = HttpServer(echo, 1 << 16)
+    server.loop = asyncio.new_event_loop()
+    try:
+        conn = http1._Connection(server)
+        assert b"Connection: close" not in conn._head(200, {"Content-Type": "a/b"}, 3)
+        conn.closing = True
+        assert b"Connection: close" in conn._head(200, {"Content-Type": "a/b"}, 3)
+        conn.closing = False
+        conn.server.stopping = True
+        assert b"Connection: close" in conn._head(200, {"Content-Type": "a/b"}, 3)
+    finally:
+        server.loop.close()
 
 
 # -- routing -----------------------------------------------------------------------------------
