@@ -464,11 +464,21 @@ class DataPlane:
             request.trace = self.tracer.start(mv.name, request.traceparent)
         if request.trace is not None:
             _trace_request(request.trace, request, mv, started)
+        template = request.template
+        checked = template.checked if template is not None else None
+        if checked is not None:
+            work = checked.work(request, mv)
+            if work is not None:
+                work.trace = request.trace
+                return work, checked.batch_size, checked.priority, checked.timeout_us, started
         try:
             work, batch_size = _prepare(request, mv, self.shared_memory,
                                         self.max_tensor_byte_size)
             priority = _uint_parameter(params, "priority")
             timeout_us = _uint_parameter(params, "timeout")
+            if template is not None:
+                template.checked = CheckedTemplate.of(request, mv, work, batch_size, priority,
+                                                      timeout_us)
         except ServerError as exc:
             if request.trace is not None:
                 request.trace.stamp("REQUEST_END", time.perf_counter_ns())
@@ -619,6 +629,56 @@ def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
     if not run.cancelled() and run.exception() is not None:
         exc = run.exception()
         stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
+
+
+class CheckedTemplate:
+    """What `_prepare` made of a request filled from a request template, for the next
+    requests of that template to a model of the same signature: they differ only in their
+    tensor bytes, so they pass the same checks and make the same work request, once their
+    bytes are as long."""
+
+    __slots__ = ("signature", "parameters", "inputs", "batch_size", "priority",
+                 "timeout_us", "correlation_id", "flags", "model_parameters", "requested")
+
+    @classmethod
+    def of(cls, request: InferRequest, mv, work: WorkRequest, batch_size: int, priority: int,
+           timeout_us: int):
+        """None for a request that uses shared memory or BYTES: those are checked each
+        time (a region's contents and a BYTES tensor's elements can change)."""
+        if work.regions or work.output_regions \
+                or any(t.datatype == "BYTES" for t in request.inputs):
+            return None
+        checked = cls()
+        checked.signature = mv.signature
+        checked.parameters = dict(request.parameters)
+        checked.inputs = [(w.name, w.datatype, list(w.shape), _nbytes(w.data))
+                          for w in work.inputs]
+        checked.batch_size = batch_size
+        checked.priority = priority
+        checked.timeout_us = timeout_us
+        checked.correlation_id = work.correlation_id
+        checked.flags = work.flags
+        checked.model_parameters = dict(work.parameters)
+        checked.requested = list(work.requested_outputs)
+        return checked
+
+    def work(self, request: InferRequest, mv) -> WorkRequest | None:
+        """The work request for `request`, or None when it must be checked in full (another
+        signature or parameters, a tensor of another length)."""
+        if self.signature is not mv.signature or request.parameters != self.parameters:
+            return None
+        inputs = []
+        for (name, datatype, shape, nbytes), t in zip(self.inputs, request.inputs):
+            data = t.data
+            if data is None or type(data) is RegionSlice or _nbytes(data) != nbytes:
+                return None
+            inputs.append(WorkInput(name, datatype, shape.copy(), data))
+        return WorkRequest(request.id, self.correlation_id, self.flags,
+                           self.model_parameters.copy(), inputs, self.requested.copy())
+
+
+def _nbytes(data) -> int:
+    return data.nbytes if type(data) is memoryview else len(data)
 
 
 def _hold_regions(work: WorkRequest) -> None:

@@ -51,6 +51,8 @@ class InferRequest:
     # The W3C traceparent header the client sent, noted while some settings trace: in the
     # opentelemetry trace mode the request is then traced, in the client's trace.
     traceparent: str = ""
+    # The request_templates.RequestTemplate it was filled from, if any.
+    template: Any = None
 
 
 @dataclass(slots=True)

@@ -32,7 +32,8 @@ class RequestTemplate:
     """What a request decodes to, but its tensor bytes; `fill` gives each request its own
     copies of what the server may change (parameters, shapes)."""
 
-    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs")
+    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs",
+                 "checked")
 
     def __init__(self, request: InferRequest):
         self.model_name = request.model_name
@@ -42,6 +43,9 @@ class RequestTemplate:
         self.inputs = [(t.name, t.datatype, list(t.shape), dict(t.parameters))
                        for t in request.inputs]
         self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs]
+        # What the dataplane found when it checked a request of this template against a
+        # model, for the next ones (dataplane.CheckedTemplate).
+        self.checked = None
 
     def fill(self, data: list) -> InferRequest:
         """The request with `data[i]` as input i's bytes (None: in a shared-memory region)."""
@@ -50,5 +54,8 @@ class RequestTemplate:
                   for (name, datatype, shape, params), tensor in zip(self.inputs, data)]
         outputs = [RequestedOutput(name, params.copy() if params else {})
                    for name, params in self.outputs]
-        return InferRequest(self.model_name, self.model_version, self.id,
-                            self.parameters.copy() if self.parameters else {}, inputs, outputs)
+        request = InferRequest(self.model_name, self.model_version, self.id,
+                               self.parameters.copy() if self.parameters else {}, inputs,
+                               outputs)
+        request.template = self
+        return request
