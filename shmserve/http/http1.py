@@ -40,10 +40,10 @@ LINGER_S = 5.0
 # A request head longer than this is parsed every time (see _take_known): clients that repeat
 # their heads send short ones.
 MAX_KNOWN_HEAD = 4096
-_LARGE_BODY = 64 * 1024
+_LARGE_BODY = 64 * 1024  # written after the head instead of joined with it
 # Response heads already written, by what they are made of: most answers repeat one.
 _HEADS: dict = {}
-MAX_KNOWN_RESPONSE_HEADS = 256  # written after the head instead of joined with it
+MAX_KNOWN_RESPONSE_HEADS = 256
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
                  for s in http.HTTPStatus}
 
