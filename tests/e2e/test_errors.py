@@ -372,3 +372,28 @@ def test_unknown_shared_memory_region_is_not_found(server, clients):
     status, body = _post(server, "/v2/models/add_sub/infer", in_shm)
     assert status == 404 and b"'r1'" in body, body
     _still_serving(clients["http"], "http")
+
+
+def test_grpc_a_repeated_request_with_a_short_raw_tensor_is_still_refused(server, clients):
+    """The server decodes and checks a repeated request head once (request templates); a
+    later request with that head and fewer raw bytes gets the full check's answer, and the
+    good request still runs after it."""
+    request = service_pb2.ModelInferRequest(model_name="echo_all")
+    request.inputs.add(name="IN_INT32", datatype="INT32", shape=[2])
+    good = np.array([7, 8], np.int32).tobytes()
+    request.raw_input_contents.append(good)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for _ in range(3):
+            assert call(request.SerializeToString(), timeout=10)
+        request.raw_input_contents[0] = good[:4]
+        with pytest.raises(grpc.RpcError) as e:
+            call(request.SerializeToString(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == ("[request id: <id_unknown>] input byte size mismatch for "
+                                     "input 'IN_INT32' for model 'echo_all'. Expected 8, got 4")
+        request.raw_input_contents[0] = good
+        response = service_pb2.ModelInferResponse.FromString(
+            call(request.SerializeToString(), timeout=10))
+        assert response.model_name == "echo_all"
+    _still_serving(clients["grpc"], "grpc")
