@@ -60,8 +60,13 @@ class InstancePool:
 
     @property
     def ready(self) -> bool:
-        """Some instance can take work: what routing needs."""
-        return not self._closed and any(i.alive for i in self.instances)
+        """Some instance can take work: what routing needs (asked of every request)."""
+        if self._closed:
+            return False
+        for i in self.instances:
+            if i.alive:
+                return True
+        return False
 
     @property
     def all_alive(self) -> bool:

@@ -436,7 +436,8 @@ class _Connection(asyncio.Protocol):
                     response.on_sent()
             else:
                 self.write_response(request, error_response(500, "the handler sent nothing"))
-            await self.drain()
+            if self._drained is not None:  # the transport paused writing at some point
+                await self.drain()
         finally:
             # At once, not in _served's turn: the client's next request may come first.
             self.task = None

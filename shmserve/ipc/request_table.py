@@ -27,6 +27,8 @@ ROWS = 65536
 _FIELDS = 3  # cancelled, consumed, wake_at (uint32 each)
 CANCELLED, CONSUMED, WAKE_AT = 0, 1, 2
 SIZE = ROWS * _FIELDS * 4
+_ROW_BYTES = _FIELDS * 4
+_ZERO_ROW = bytes(_ROW_BYTES)
 
 
 class RequestTable:
@@ -36,12 +38,14 @@ class RequestTable:
         self.wake_fd = wake_fd
         self._rows = np.frombuffer(segment.buffer, dtype=np.uint32, count=ROWS * _FIELDS)
         self._rows = self._rows.reshape(ROWS, _FIELDS)
+        self._bytes = segment.buffer.cast("B")  # reset writes a row through it: no numpy call
         self._pollers = threading.local()  # a poll object may serve one thread at a time
 
     # -- the front's side --------------------------------------------------------------------
 
     def reset(self, row: int) -> None:
-        self._rows[row] = 0
+        start = row * _ROW_BYTES
+        self._bytes[start:start + _ROW_BYTES] = _ZERO_ROW
 
     def cancel(self, row: int) -> None:
         self._rows[row, CANCELLED] = 1
@@ -94,6 +98,7 @@ class RequestTable:
 
     def close(self) -> None:
         self._rows = None
+        self._bytes.release()
         self.segment.close()
 
 
