@@ -104,6 +104,9 @@ class DynamicBatcher:
 
     def _shape_key(self, work):
         ragged = self._ragged
+        if not ragged and len(work.inputs) == 1:  # the usual request, without a generator
+            t = work.inputs[0]
+            return ((t.name, tuple(t.shape[1:])),)
         return tuple((t.name, tuple(t.shape[1:])) for t in work.inputs if t.name not in ragged)
 
     # -- forming batches ------------------------------------------------------------------

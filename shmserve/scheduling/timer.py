@@ -7,9 +7,7 @@ import time
 class LoopTimer:
     """Monotonic nanoseconds, and callbacks at a given time on the running event loop."""
 
-    @staticmethod
-    def now_ns() -> int:
-        return time.monotonic_ns()
+    now_ns = staticmethod(time.monotonic_ns)  # the builtin itself: called for every request
 
     @staticmethod
     def call_at(when_ns: int, callback) -> asyncio.TimerHandle:
