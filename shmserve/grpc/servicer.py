@@ -11,6 +11,7 @@ import logging
 import time
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from shmserve import eager, header_forwarding, proto, restricted_api
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
@@ -300,23 +301,24 @@ class _Stream:
     async def read(self, request_iterator) -> None:
         loop = asyncio.get_running_loop()
         try:
-            async for msg in request_iterator:
+            async for wire in request_iterator:
+                named, request, error = self._read_request(wire)
                 await self._room.acquire()
                 if len(self._tasks) >= self._max_inflight:
-                    self._in_order.append(_rejected(msg, self._max_inflight))
+                    self._in_order.append(_rejected(named, self._max_inflight))
                     self._ready.put_nowait(None)  # wakes next()
                     continue
                 try:
-                    decoupled = self.dp.is_decoupled(msg.model_name, msg.model_version)
+                    decoupled = self.dp.is_decoupled(named.model_name, named.model_version)
                 except ServerError:
                     decoupled = False  # the error is answered in order
                 # Started now: the request reaches its scheduler in this turn of the loop.
                 if decoupled:
-                    task = eager.start(self._serve_decoupled(msg), loop)
+                    task = eager.start(self._serve_decoupled(named, request, error), loop)
                     task.add_done_callback(self._room_back)
                 else:
                     # Its room comes back once its answer leaves (see next()).
-                    task = eager.start(self._serve_one(msg), loop)
+                    task = eager.start(self._serve_one(named, request, error), loop)
                     self._in_order.append(task)
                 self._tasks.add(task)
                 task.add_done_callback(self._task_done)
@@ -356,25 +358,31 @@ class _Stream:
         return (not self._reading and not self._tasks and not self._in_order
                 and self._ready.empty())
 
-    async def _serve_one(self, msg):
-        """The single response of a request to a model that is not decoupled (or its error)."""
+    async def _serve_one(self, named, request, error):
+        """The single response of a request to a model that is not decoupled (or its error).
+        `named`, `request`, `error`: as _read_request gives them."""
+        if error is not None:
+            return _Failure(named, error, True)
         try:
-            async with contextlib.aclosing(self.dp.stream(self._decode(msg))) as responses:
+            async with contextlib.aclosing(self.dp.stream(request)) as responses:
                 async for item in responses:
-                    return _stream_response(msg, item)
+                    return _stream_response(named, item)
         except ServerError as exc:
-            return _Failure(msg, exc, True)
+            return _Failure(named, exc, True)
 
-    async def _serve_decoupled(self, msg) -> None:
+    async def _serve_decoupled(self, named, request, error) -> None:
+        if error is not None:
+            self._ready.put_nowait((_Failure(named, error, True), None))
+            return
         loop = asyncio.get_running_loop()
-        empty_final = msg.parameters["triton_enable_empty_final_response"].bool_param \
-            if "triton_enable_empty_final_response" in msg.parameters else False
+        # Only a bool_param turns it on, as in Triton.
+        empty_final = request.parameters.get("triton_enable_empty_final_response") is True
         try:
-            async with contextlib.aclosing(self.dp.stream(self._decode(msg))) as responses:
+            async with contextlib.aclosing(self.dp.stream(request)) as responses:
                 async for item in responses:
                     if item.response is None and item.error is None and not empty_final:
                         continue
-                    out = _stream_response(msg, item)
+                    out = _stream_response(named, item)
                     if self._leaves_now(out):
                         continue
                     written = loop.create_future()
@@ -385,7 +393,7 @@ class _Stream:
                     if self._ready.qsize() > QUEUED_BEFORE_WAITING:
                         await written
         except ServerError as exc:
-            self._ready.put_nowait((_Failure(msg, exc, True), None))
+            self._ready.put_nowait((_Failure(named, exc, True), None))
 
     def _leaves_now(self, out) -> bool:
         """Writes `out` at once when nothing is ahead of it: nothing queued, and next() is
@@ -395,12 +403,23 @@ class _Stream:
         return (self._consumer_waiting and self._ready.empty() and self._call is not None
                 and not isinstance(out, _Failure) and self._call.send_now(out))
 
-    def _decode(self, msg):
-        request = codec.decode_model_infer_request(msg)
+    def _read_request(self, wire) -> tuple:
+        """(what names the request in its answers, the InferRequest, None) for a message
+        that holds a valid request; (the parsed message, None, the ServerError) for one
+        that does not. Read as ModelInfer reads its message, so a repeated request is decoded
+        once (codec.read_model_infer_request)."""
+        try:
+            request = codec.read_model_infer_request(wire)
+        except ServerError as exc:
+            try:
+                return proto.ModelInferRequest.FromString(wire), None, exc
+            except DecodeError as parse_error:
+                raise RpcError(transport.INTERNAL,
+                               f"cannot parse the request message: {parse_error}") from None
         if self._metadata:
             header_forwarding.forward(request, self._metadata, self._header_pattern)
         request.traceparent = self.traceparent
-        return request
+        return request, request, None
 
     async def close(self) -> None:
         """The call ended: whatever is still running for it is cancelled."""
@@ -413,19 +432,20 @@ def _traceparent(context) -> str:
     return next((v for k, v in context.invocation_metadata() if k == "traceparent"), "")
 
 
-def _rejected(msg, max_inflight: int) -> asyncio.Future:
+def _rejected(named, max_inflight: int) -> asyncio.Future:
     """The answer, already there, to a request over the stream's in-flight cap."""
     answer = asyncio.get_running_loop().create_future()
-    answer.set_result(_Failure(msg, ServerError(
+    answer.set_result(_Failure(named, ServerError(
         Code.UNAVAILABLE, f"the stream has {max_inflight} requests in flight, the most it "
                           f"allows (--max-inflight-per-connection): retry later"), True))
     return answer
 
 
-def _stream_response(msg, item: StreamedResponse):
-    """The serialized message for one response of request `msg` (a _Failure for an error)."""
+def _stream_response(named, item: StreamedResponse):
+    """The serialized message for one response of the request `named` names (its id, model
+    name and version); a _Failure for an error."""
     if item.error is not None:
-        return _Failure(msg, item.error, item.final)
+        return _Failure(named, item.error, item.final)
     if item.response is not None:
         try:
             return codec.serialize_stream_infer_response(item.response, item.final)
@@ -433,30 +453,30 @@ def _stream_response(msg, item: StreamedResponse):
             item.response.done()
     out = proto.ModelStreamInferResponse()
     response = out.infer_response
-    response.id = msg.id
-    response.model_name = msg.model_name
-    response.model_version = msg.model_version
+    response.id = named.id
+    response.model_name = named.model_name
+    response.model_version = named.model_version
     response.parameters["triton_final_response"].bool_param = item.final
     return out.SerializeToString()
 
 
 class _Failure:
-    """An error for request `msg`: in-band by default, the end of the call with
+    """An error for request `named`: in-band by default, the end of the call with
     `triton_grpc_error`."""
 
-    __slots__ = ("msg", "error", "final")
+    __slots__ = ("named", "error", "final")
 
-    def __init__(self, msg, error: ServerError, final: bool):
-        self.msg = msg
+    def __init__(self, named, error: ServerError, final: bool):
+        self.named = named
         self.error = error
         self.final = final
 
     def in_band(self):
         out = proto.ModelStreamInferResponse(error_message=self.error.message)
         response = out.infer_response
-        response.id = self.msg.id
-        response.model_name = self.msg.model_name
-        response.model_version = self.msg.model_version
+        response.id = self.named.id
+        response.model_name = self.named.model_name
+        response.model_version = self.named.model_version
         response.parameters["triton_final_response"].bool_param = self.final
         return out.SerializeToString()
 
@@ -496,10 +516,11 @@ def _methods(service_name: str, servicer, restrictions: dict) -> dict:
             handler = fn if restriction is None else _streaming(fn, restriction)
         else:
             handler = _unary(fn, with_context=name == "ModelInfer", restriction=restriction)
-        # ModelInfer parses its request itself (codec.read_model_infer_request).
+        # ModelInfer and ModelStreamInfer read their requests themselves
+        # (codec.read_model_infer_request).
         table[f"/{service_name}/{name}"] = Method(
             handler=handler,
-            deserialize=None if name == "ModelInfer" else req_cls.FromString,
+            deserialize=None if name in ("ModelInfer", "ModelStreamInfer") else req_cls.FromString,
             serialize=(_serialized if name in ("ModelInfer", "ModelStreamInfer")
                        else resp_cls.SerializeToString),
             streaming=client_stream)

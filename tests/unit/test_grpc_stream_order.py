@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from shmserve import proto
 from shmserve.grpc.servicer import _Stream
-from shmserve.inference import StreamedResponse
+from shmserve.inference import InferRequest, StreamedResponse
 
 
 class _Msg(NamedTuple):
@@ -45,10 +45,13 @@ class _HeldStream(_Stream):
         super().__init__(_Plane())
         self.release = {}
 
-    async def _serve_one(self, msg):
-        self.release[msg.id] = asyncio.get_running_loop().create_future()
-        await self.release[msg.id]
-        return msg.id
+    def _read_request(self, msg):
+        return msg, msg, None
+
+    async def _serve_one(self, named, request, error):
+        self.release[request.id] = asyncio.get_running_loop().create_future()
+        await self.release[request.id]
+        return request.id
 
 
 async def _turns(count: int = 10) -> None:
@@ -127,14 +130,13 @@ class _DecoupledStream(_Stream):
     def __init__(self, call):
         super().__init__(_DecoupledPlane(), call=call)
 
-    def _decode(self, msg):
-        return msg
+    def _read_request(self, request):
+        return request, request, None
 
 
 def _request(request_id: str):
-    msg = proto.ModelInferRequest(id=request_id, model_name="m")
-    msg.parameters["triton_enable_empty_final_response"].bool_param = True
-    return msg
+    return InferRequest("m", id=request_id,
+                        parameters={"triton_enable_empty_final_response": True})
 
 
 def _final_flag(data: bytes) -> bool:
