@@ -384,7 +384,9 @@ def grpc_datatype_cases():
             ("timeout", "int64_param", 5000000, "request"), ("timeout", "double_param", 5.0, "request"),
             ("sequence_id", "uint64_param", 3, "request"), ("d", "double_param", 1.5, "input"),
             ("u", "uint64_param", 1, "input"), ("d", "double_param", 1.5, "output"),
-            ("binary_data", "bool_param", True, "output")):
+            ("binary_data", "bool_param", True, "output"),
+            ("triton_enable_empty_final_response", "int64_param", 1, "request"),
+            ("triton_enable_empty_final_response", "string_param", "true", "request")):
         cases[f"grpc types {where} parameter {key} {choice}"] = ("ModelInfer", with_parameter(key, choice, value, where))
     params = grpc_request(model="all_types", name="IN_INT32", datatype="INT32", shape=(1,),
                           raw=(raw_of("INT32", [7]),))
@@ -899,6 +901,8 @@ def stream_cases():
         "stream identity, a bad one between": ([identity("b1"), identity("b2", (65, 1)), identity("b3")], None),
         "stream identity, unknown input between": ([identity("u1"), identity("u2", name="X"), identity("u3")], None),
         "stream identity empty final response": ([identity("f1", params=final)], None),
+        "stream identity empty final response as an int": (
+            [identity("n1", params={"triton_enable_empty_final_response": 1}), identity("n2")], None),
         # Not among them: a stream mixing identity_fp32 and repeat, whose responses Triton 2.51
         # orders differently from run to run and which once ended its process ("ASSERTION
         # FAILED: !byte_buffer->Valid()").

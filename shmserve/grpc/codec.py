@@ -67,6 +67,7 @@ def parameters_from_proto(params) -> dict:
 _REQUEST_PARAMETER_KINDS = {
     "sequence_id": ("int64_param", "string_param"),
     "timeout": ("int64_param",),
+    "triton_enable_empty_final_response": ("bool_param",),
 }
 
 

@@ -375,8 +375,8 @@ class _Stream:
             self._ready.put_nowait((_Failure(named, error, True), None))
             return
         loop = asyncio.get_running_loop()
-        # Only a bool_param turns it on, as in Triton.
-        empty_final = request.parameters.get("triton_enable_empty_final_response") is True
+        # A bool, or the request was refused (codec._REQUEST_PARAMETER_KINDS).
+        empty_final = request.parameters.get("triton_enable_empty_final_response", False)
         try:
             async with contextlib.aclosing(self.dp.stream(request)) as responses:
                 async for item in responses:

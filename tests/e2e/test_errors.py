@@ -284,6 +284,10 @@ def test_a_bytes_element_cut_short_counts_as_a_failure_of_the_model(server, clie
      "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
     ("sequence_id", "bool_param", True,
      "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ("triton_enable_empty_final_response", "int64_param", 1,
+     "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
+    ("triton_enable_empty_final_response", "string_param", "true",
+     "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
 ])
 def test_grpc_request_parameters_of_a_kind_triton_refuses(server, clients, key, kind, value, message):
     request = service_pb2.ModelInferRequest(model_name="echo_all")
