@@ -966,7 +966,10 @@ def stream_answer(channel, requests, metadata):
     try:
         for reply in call(iter(requests), metadata=metadata, timeout=30):
             response = reply.infer_response
-            answers.append(("error", reply.error_message) if reply.error_message else
+            answers.append(("error", reply.error_message, response.id, response.model_name,
+                            response.model_version,
+                            sorted((k, str(v)) for k, v in response.parameters.items()))
+                           if reply.error_message else
                            ("response", response.id, _contents(response),
                             sorted((k, str(v)) for k, v in response.parameters.items())))
     except grpc.RpcError as e:

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from shmserve import eager, header_forwarding, proto, restricted_api
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
-from shmserve.errors import Code, ServerError
+from shmserve.errors import Code, ModelError, ServerError
 from shmserve.grpc import codec, transport
 from shmserve.grpc.transport import GrpcServer, Method, RpcError
 from shmserve.inference import StreamedResponse
@@ -475,9 +475,12 @@ class _Failure:
         out = proto.ModelStreamInferResponse(error_message=self.error.message)
         response = out.infer_response
         response.id = self.named.id
-        response.model_name = self.named.model_name
-        response.model_version = self.named.model_version
-        response.parameters["triton_final_response"].bool_param = self.final
+        if isinstance(self.error, ModelError):
+            # An answer, named as responses are. A request refused before a model ran it gets
+            # its id alone, as in Triton.
+            response.model_name = self.named.model_name
+            response.model_version = self.named.model_version
+            response.parameters["triton_final_response"].bool_param = self.final
         return out.SerializeToString()
 
 

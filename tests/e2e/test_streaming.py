@@ -14,12 +14,14 @@ import threading
 import time
 import urllib.request
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from httpx_sse import connect_sse
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from shmserve.inference import InferRequest, InputTensor
@@ -216,6 +218,28 @@ def test_square_of_zero_sends_no_response(server, empty_final):
     assert error is None
     assert is_final(result)
     assert result.get_response().id == "zero" and len(result.get_response().outputs) == 0
+
+
+def test_an_in_band_refusal_carries_the_request_id_alone(server):
+    """As Triton 2.51 words them: a request refused before a model ran it (unknown model, bad
+    input) gets an error whose response holds only its id; the stream goes on."""
+    def request(model, name, request_id):
+        msg = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+        msg.inputs.add(name=name, datatype="INT32", shape=[1])
+        msg.raw_input_contents.append(np.int32(3).tobytes())
+        return msg.SerializeToString()
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        replies = [service_pb2.ModelStreamInferResponse.FromString(reply) for reply in call(
+            iter([request("nope", "IN", "a"), request("square", "X", "b"),
+                  request("square", "IN", "c")]), timeout=30)]
+    refusals = [(r.error_message, r.infer_response) for r in replies if r.error_message]
+    assert sorted((message, str(response)) for message, response in refusals) == [
+        ("Request for unknown model: 'nope' is not found", 'id: "a"\n'),
+        ("unexpected inference input 'X' for model 'square'", 'id: "b"\n')]
+    assert [int(np.frombuffer(r.infer_response.raw_output_contents[0], np.int32)[0])
+            for r in replies if not r.error_message] == [3, 3, 3]
 
 
 def test_square_sends_n_responses_of_n(server):
