@@ -73,6 +73,9 @@ KNOWN = {
     "config ens_faults": "as ens_identity2",
     "config ens_repeat": "as ens_identity2",
     "ensemble fault 0": "the same outputs in another order: Triton's ensemble lists them in its hash table's order",
+    **{case: "as 'ensemble fault 0' (OUT and IDX: Triton lists IDX first)"
+       for case in ("stream ensemble", "stream ensemble sequence fields",
+                    "stream ensemble empty final response", "stream ensemble unknown input, then on")},
     "headers ready": "Triton labels an empty body text/plain; shmserve sends no Content-Type for it",
     "headers unknown path": "Triton labels its JSON error body text/plain",
     "shm register past the end": "the reference: INVALID_ARG for a region beyond the object (Triton 2.51: 500 'Invalid shared memory region')",
@@ -970,7 +973,11 @@ def stream_answer(channel, requests, metadata):
                             response.model_version,
                             sorted((k, str(v)) for k, v in response.parameters.items()))
                            if reply.error_message else
-                           ("response", response.id, _contents(response),
+                           ("response", response.id, response.model_name, response.model_version,
+                            [(o.name, o.datatype, list(o.shape), sorted(
+                                (k, str(v)) for k, v in o.parameters.items()))
+                             for o in response.outputs],
+                            _contents(response),
                             sorted((k, str(v)) for k, v in response.parameters.items())))
     except grpc.RpcError as e:
         answers.append(("status", e.code().name, e.details()))
