@@ -651,7 +651,7 @@ class CheckedTemplate:
         checked = cls()
         checked.signature = mv.signature
         checked.parameters = dict(request.parameters)
-        checked.inputs = [(w.name, w.datatype, list(w.shape), _nbytes(w.data))
+        checked.inputs = [(w.name, w.datatype, list(w.shape), datatypes.byte_length(w.data))
                           for w in work.inputs]
         checked.batch_size = batch_size
         checked.priority = priority
@@ -670,15 +670,11 @@ class CheckedTemplate:
         inputs = []
         for (name, datatype, shape, nbytes), t in zip(self.inputs, request.inputs):
             data = t.data
-            if data is None or type(data) is RegionSlice or _nbytes(data) != nbytes:
+            if data is None or type(data) is RegionSlice or datatypes.byte_length(data) != nbytes:
                 return None
             inputs.append(WorkInput(name, datatype, shape.copy(), data))
         return WorkRequest(request.id, self.correlation_id, self.flags,
                            self.model_parameters.copy(), inputs, self.requested.copy())
-
-
-def _nbytes(data) -> int:
-    return data.nbytes if type(data) is memoryview else len(data)
 
 
 def _hold_regions(work: WorkRequest) -> None:

@@ -180,7 +180,7 @@ def encode_infer_response(
             if out.parameters:
                 entry["parameters"] = out.parameters
         elif fmt.is_binary(out.name):
-            size = _nbytes(out.data)
+            size = datatypes.byte_length(out.data)
             entry["parameters"] = {**out.parameters, "binary_data_size": size}
             if size:
                 chunks.append(out.data)
@@ -472,10 +472,6 @@ def _outputs(items, fmt: OutputFormat) -> list[RequestedOutput]:
     return outputs
 
 
-def _nbytes(data: bytes | memoryview) -> int:
-    return data.nbytes if type(data) is memoryview else len(data)
-
-
 def _json_data(out: OutputTensor):
     """The output's elements as something orjson writes as a flat JSON array."""
     datatype = out.datatype
@@ -510,7 +506,7 @@ def output_values(out: OutputTensor, utf8_errors: str):
             raise internal(mismatch) from None
         return [element.decode(errors=utf8_errors) for element in elements]
     dtype = _BOOL_BYTES if datatype == "BOOL" else datatypes.numpy_dtype(datatype)
-    if _nbytes(out.data) != count * dtype.itemsize:
+    if datatypes.byte_length(out.data) != count * dtype.itemsize:
         raise internal(mismatch)
     array = np.frombuffer(out.data, dtype)
     return array != 0 if datatype == "BOOL" else array

@@ -79,6 +79,12 @@ def wire_from_numpy(dtype: np.dtype) -> str:
     raise ValueError(f"unsupported numpy dtype {dtype}")
 
 
+def byte_length(data) -> int:
+    """The length in bytes of tensor bytes held as bytes, bytearray or a memoryview (whose
+    len() counts items, not bytes)."""
+    return data.nbytes if type(data) is memoryview else len(data)
+
+
 def element_count(shape) -> int:
     n = 1
     for d in shape:
