@@ -41,11 +41,32 @@ log = logging.getLogger("shmserve.repository")
 
 
 def gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes; found without CUDA, which only workers may load."""
+    """GPUs the NVIDIA driver exposes to CUDA here; found without CUDA, which only workers may
+    load. Containers that hide /proc/driver/nvidia still have a /dev/nvidiaN node per GPU."""
     try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
+        physical = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
-        return 0
+        try:
+            physical = sum(1 for name in os.listdir("/dev")
+                           if name.startswith("nvidia") and name[6:].isdigit())
+        except OSError:
+            physical = 0
+    return visible_gpus(physical, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpus(physical: int, cuda_visible_devices: str | None) -> int:
+    """How many of `physical` GPUs CUDA shows under CUDA_VISIBLE_DEVICES: its entries up to
+    the first one that names no GPU, as CUDA reads them (unset: all of them)."""
+    if cuda_visible_devices is None:
+        return physical
+    count = 0
+    for entry in cuda_visible_devices.split(","):
+        entry = entry.strip()
+        if entry.isdigit() and int(entry) < physical or entry.startswith(("GPU-", "MIG-")):
+            count += 1
+        else:
+            break
+    return min(count, physical)
 
 
 class Loader:

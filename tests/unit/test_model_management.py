@@ -8,7 +8,7 @@ import pytest
 from shmserve import proto
 from shmserve import registry as reg
 from shmserve.errors import ServerError
-from shmserve.repository.loader import _install
+from shmserve.repository.loader import _install, visible_gpus
 from shmserve.repository.manager import ModelManager, fingerprint, models_to_unload
 
 
@@ -110,3 +110,11 @@ def test_model_files_need_a_config():
     manager = ModelManager(reg.Registry(), _Loader(), mode="explicit")
     with pytest.raises(ServerError, match="'config'"):
         asyncio.run(manager.load("m", None, {"file:1/model.py": b""}))
+
+
+@pytest.mark.parametrize("env, visible", [
+    (None, 4), ("", 0), ("0,1", 2), ("3", 1), ("1,7,2", 1), ("-1", 0), ("0,x,1", 1),
+    ("GPU-5a3c2e7d-0000-0000-0000-000000000000", 1), ("0,1,2,3,0", 4),
+])
+def test_cuda_visible_devices_decides_how_many_gpus_instances_are_placed_on(env, visible):
+    assert visible_gpus(4, env) == visible
