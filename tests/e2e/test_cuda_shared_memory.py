@@ -31,17 +31,25 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """OUTPUT0 = INPUT0 * 2 on the device the input is on; ON_GPU says where that was."""
+    """OUTPUT0 = INPUT0 * 2, computed on the GPU by a GPU instance (so its output is device
+    memory) and on the CPU by a CPU one; ON_GPU says whether the input arrived on the GPU."""
+
+    def initialize(self, args):
+        self.on_gpu = args["model_instance_kind"] == "GPU"
 
     def execute(self, requests):
         responses = []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            if tensor.is_cpu():
-                doubled = pb_utils.Tensor("OUTPUT0", tensor.as_numpy() * 2)
-            else:
+            if not tensor.is_cpu():
                 import cupy
                 doubled = pb_utils.Tensor.from_dlpack("OUTPUT0", cupy.from_dlpack(tensor) * 2)
+            elif self.on_gpu:
+                import cupy
+                doubled = pb_utils.Tensor.from_dlpack("OUTPUT0",
+                                                      cupy.asarray(tensor.as_numpy()) * 2)
+            else:
+                doubled = pb_utils.Tensor("OUTPUT0", tensor.as_numpy() * 2)
             responses.append(pb_utils.InferenceResponse([
                 doubled, pb_utils.Tensor("ON_GPU", np.array([not tensor.is_cpu()]))]))
         return responses
@@ -113,6 +121,60 @@ def test_cuda_regions_in_and_out(gpu_server, protocol, model, on_gpu):
         assert np.array_equal(cupy.asnumpy(data), np.arange(1, 9, dtype=np.float32))
     finally:
         client.unregister_cuda_shared_memory()
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["double_gpu", "double_gpu_host_inputs", "double_cpu"])
+def test_gpu_outputs_reach_a_client_without_regions(gpu_server, protocol, model):
+    """Inputs from the request body are host memory; a GPU instance's device output is copied
+    back into the response."""
+    mod = CLIENTS[protocol]
+    url = gpu_server.http_url if protocol == "http" else gpu_server.grpc_url
+    client = mod.InferenceServerClient(url)
+    data = np.arange(1, 1 + (1 << 15), dtype=np.float32)  # 128 KiB: through a shared arena
+    try:
+        tensor = mod.InferInput("INPUT0", [data.size], "FP32")
+        tensor.set_data_from_numpy(data)
+        result = client.infer(model, [tensor])
+        assert np.array_equal(result.as_numpy("OUTPUT0"), data * 2)
+        assert bool(result.as_numpy("ON_GPU")[0]) is False
+    finally:
+        client.close()
+
+
+def test_regions_made_by_tritonclients_cuda_shared_memory_utilities(gpu_server):
+    """The flow of Triton's simple_grpc_cudashm_client example, with the client library's own
+    helpers (they need the cuda-python package)."""
+    try:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+    except RuntimeError as exc:  # the library's way of saying cuda-python is missing
+        pytest.skip(str(exc))
+    client = grpcclient.InferenceServerClient(gpu_server.grpc_url)
+    data = np.arange(16, dtype=np.float32)
+    region_in = cudashm.create_shared_memory_region("input_data", data.nbytes, 0)
+    region_out = cudashm.create_shared_memory_region("output_data", data.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(region_in, [data])
+        client.register_cuda_shared_memory("input_data", cudashm.get_raw_handle(region_in), 0,
+                                           data.nbytes)
+        client.register_cuda_shared_memory("output_data", cudashm.get_raw_handle(region_out),
+                                           0, data.nbytes)
+        tensor = grpcclient.InferInput("INPUT0", [16], "FP32")
+        tensor.set_shared_memory("input_data", data.nbytes)
+        requested = grpcclient.InferRequestedOutput("OUTPUT0")
+        requested.set_shared_memory("output_data", data.nbytes)
+        result = client.infer("double_gpu", [tensor], outputs=[requested])
+        output = result.get_output("OUTPUT0")
+        # Metadata alone, as Triton answers for an output in shared memory.
+        assert output.shape == [16] and output.datatype == "FP32"
+        assert not result.get_response().raw_output_contents[0]
+        got = cudashm.get_contents_as_numpy(region_out, np.float32, [16])
+        assert np.array_equal(got, data * 2)
+    finally:
+        client.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(region_in)
+        cudashm.destroy_shared_memory_region(region_out)
         client.close()
 
 

@@ -59,7 +59,9 @@ def test_second_process_sees_and_writes_the_same_bytes(segment):
         "seg.close()\n"
         "print(seg.size, data.decode())\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                      os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
         [sys.executable, "-c", child, segment.name],
         env=env, capture_output=True, text=True, timeout=30, check=True,
