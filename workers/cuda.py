@@ -60,6 +60,13 @@ def to_numpy(array):
     return _cupy().asnumpy(array)
 
 
+def to_device(array, device: int):
+    """A cupy copy of the host array `array` on GPU `device`."""
+    cupy = _cupy()
+    with cupy.cuda.Device(device):
+        return cupy.asarray(array)
+
+
 def open_ipc_handle(raw_handle: bytes, device: int) -> int:
     """The device pointer of another process's allocation, from its cudaIpcMemHandle_t."""
     cupy = _cupy()

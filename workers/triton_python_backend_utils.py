@@ -545,12 +545,23 @@ class InferenceRequest:
         one empty when the model sent its final flag alone."""
         args, blocks = self._call_args(decoupled)
         replies = _server_call("infer", args, blocks)
+        device = self._output_device()
         if decoupled:
-            return (_bls_response(reply) for reply in replies)
+            return (_bls_response(reply, device) for reply in replies)
         try:
-            return _bls_response(next(replies))
+            return _bls_response(next(replies), device)
         finally:
             replies.close()
+
+    def _output_device(self):
+        """The GPU the caller's PreferredMemory asks outputs onto, or None for host memory
+        (also where no GPU can be used: the outputs stay where the server can put them)."""
+        preferred = self._preferred_memory
+        if preferred is None or preferred.preferred_memory_type != TRITONSERVER_MEMORY_GPU:
+            return None
+        if preferred.preferred_device_id >= cuda.device_count():
+            return None
+        return preferred.preferred_device_id
 
     async def async_exec(self, decoupled=False):
         """exec() from an async execute(): awaits the answer without holding up the loop."""
@@ -622,7 +633,8 @@ class _AsyncResponses:
         return item
 
 
-def _bls_response(reply) -> "InferenceResponse":
+def _bls_response(reply, device=None) -> "InferenceResponse":
+    """`device`: the GPU its outputs go to (BYTES stay in host memory), or None."""
     frame = reply.response
     response = InferenceResponse()
     if frame is None:  # the final flag alone
@@ -632,13 +644,17 @@ def _bls_response(reply) -> "InferenceResponse":
         response._error = TritonError(message, _ErrorCode.__members__.get(code,
                                                                           _ErrorCode.INTERNAL))
         return response
-    response._output_tensors = [_bls_tensor(t) for t in frame.outputs]
+    response._output_tensors = [_bls_tensor(t, device) for t in frame.outputs]
     response._parameters = frame.parameters or {}
     return response
 
 
-def _bls_tensor(ref) -> "Tensor":
+def _bls_tensor(ref, device=None) -> "Tensor":
     data = ref.location
+    if device is not None and ref.datatype != "BYTES":
+        array = np.frombuffer(data, dtype=datatypes.numpy_dtype(ref.datatype))
+        return Tensor._wrap(ref.name, cuda.to_device(array.reshape(ref.shape), device),
+                            ref.datatype, device)
     if ref.datatype == "BYTES":
         count = datatypes.element_count(ref.shape)
         array = np.empty(count, dtype=np.object_)

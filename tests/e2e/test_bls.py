@@ -2,6 +2,7 @@
 decoupled) and model control (`is_model_ready`, `load_model`), through the test model
 `bls_probe` (tests/models/README.md), over both protocols."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from shmserve.repository.loader import gpu_count
 from tests.conftest import start_server, stop_server, wait_for_models
 
 MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser")
@@ -64,6 +66,15 @@ def test_exec_decoupled_iterates_every_response_then_the_empty_final(clients):
     assert result.as_numpy("OUTPUT0").tolist() == [5.0, 7.0, 9.0]
     # repeat sends its final flag alone: the iterator ends with one empty response.
     assert text(result) == ["empty 1"]
+
+
+def test_preferred_memory_gpu_puts_outputs_on_the_gpu_where_there_is_one(clients):
+    """Without a GPU (or cupy) the call still answers, in host memory."""
+    # The worker runs this interpreter: it has cupy where this process finds it.
+    expected = "gpu" if gpu_count() and importlib.util.find_spec("cupy") else "cpu"
+    result = probe(clients, "grpc", "preferred_gpu", X, Y)
+    assert result.as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
+    assert text(result) == [expected]
 
 
 def test_bytes_tensors_travel_both_ways(clients):

@@ -7,9 +7,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def _request(model, outputs, trace=None, **inputs):
+def _request(model, outputs, trace=None, preferred_memory=None, **inputs):
     return pb_utils.InferenceRequest(
         model_name=model, requested_output_names=outputs, trace=trace,
+        preferred_memory=preferred_memory,
         inputs=[pb_utils.Tensor(name, value) for name, value in inputs.items()])
 
 
@@ -73,6 +74,18 @@ class TritonPythonModel:
                 _floats("OUTPUT0", pb_utils.get_output_tensor_by_name(with_trace, "OUTPUT0").as_numpy()),
                 _floats("OUTPUT1", pb_utils.get_output_tensor_by_name(without, "OUTPUT0").as_numpy()),
                 _text(str(request.trace().get_context()))])
+        if mode == "preferred_gpu":  # add_sub's OUTPUT0 asked onto GPU 0; TEXT: where it came
+            gpu = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0)
+            response = _request("add_sub", ["OUTPUT0"], preferred_memory=gpu,
+                                INPUT0=x, INPUT1=y).exec()
+            out = pb_utils.get_output_tensor_by_name(response, "OUTPUT0")
+            if out.is_cpu():
+                return pb_utils.InferenceResponse([_floats("OUTPUT0", out.as_numpy()),
+                                                   _text("cpu")])
+            import cupy
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", cupy.asnumpy(cupy.from_dlpack(out.to_dlpack()))),
+                _text("gpu")])
         if mode == "bytes":
             words = np.array([b"alpha", b"", b"gamma"], np.object_)
             response = _request("string_echo", ["OUTPUT0"], INPUT0=words).exec()
