@@ -591,8 +591,9 @@ def test_grpc_client_that_does_not_read_stops_the_model(server, tmp_path):
         _, stalled = read_record(record)
         time.sleep(0.5)
         assert read_record(record) == ("sent", stalled)
-        # The window, plus what gRPC buffers on the way (16 MiB at most).
-        assert stalled <= RESPONSE_WINDOW + 64, stalled
+        # The window, plus what gRPC's flow control lets the client take unread: its windows
+        # grow with the bandwidth it measures (16 MiB here, 21 MiB on a 16-core GPU machine).
+        assert stalled <= RESPONSE_WINDOW + 128, stalled
         reading.set()
         outs = [first.as_numpy("OUT")] + [r.as_numpy("OUT") for r in stream.results(count - 1)]
         assert stream.finish() == []
