@@ -154,6 +154,33 @@ def test_kv_cache_decode_matches_full_forward(model):
     assert_same_logits(logits, full[prompt - 1:])
 
 
+def test_a_gpu_instance_computes_what_the_cpu_one_does(model):
+    """A KIND_GPU instance's transformer runs on cupy: the same logits, to float32 rounding in
+    another summation order (cuBLAS's), through a full pass, a prefill and decoding."""
+    xp = tf.array_module("GPU")
+    if xp is np:
+        pytest.skip("needs cupy (pip install .[gpu])")
+    try:
+        gpus = xp.cuda.runtime.getDeviceCount()
+    except xp.cuda.runtime.CUDARuntimeError:
+        gpus = 0
+    if not gpus:
+        pytest.skip("needs an NVIDIA GPU")
+    on_gpu = tf.Transformer.load(os.path.join(VERSION_DIR, "weights.npz"), xp)
+    tokens = model.vocab.encode("It was the best of times, it was the worst")
+
+    def close(actual, expected):
+        assert isinstance(actual, np.ndarray)  # logits come back to the host for sampling
+        assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
+
+    close(on_gpu.forward(tokens[None]), model.forward(tokens[None]))
+    caches = on_gpu.new_cache(1), model.new_cache(1)
+    close(on_gpu.prefill(tokens[:9], caches[0], 0), model.prefill(tokens[:9], caches[1], 0))
+    for position in range(9, len(tokens)):
+        step = tokens[position:position + 1]
+        close(on_gpu.decode(step, [position], caches[0]), model.decode(step, [position], caches[1]))
+
+
 def test_batched_decode_matches_decoding_each_alone(model):
     prompts = ["We hold", "Once upon a midnight dreary, while I", "In the beginning God created"]
 
