@@ -559,7 +559,7 @@ class InferenceRequest:
         preferred = self._preferred_memory
         if preferred is None or preferred.preferred_memory_type != TRITONSERVER_MEMORY_GPU:
             return None
-        if preferred.preferred_device_id >= cuda.device_count():
+        if not 0 <= preferred.preferred_device_id < cuda.device_count():
             return None
         return preferred.preferred_device_id
 
