@@ -14,13 +14,10 @@ import argparse
 import base64
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,8 @@ import tritonclient.utils.shared_memory as shm
 
 import cupy
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from servers import ShmServer, free_port
+
 MIB = 1 << 20
 
 MODEL = '''
@@ -62,40 +60,11 @@ MODES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_repository(root: Path) -> None:
     for name, parameters in (("identity_gpu", GPU_INPUTS), ("identity_gpu_host_inputs", "")):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(CONFIG.format(name=name, parameters=parameters))
         (root / name / "1" / "model.py").write_text(MODEL)
-
-
-def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "shmserve.cli", "--model-repository", str(repo),
-             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-             "--metrics-address", "127.0.0.1", "--http-port", str(http),
-             "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1)
-            return proc, grpc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("shmserve did not start:\n" + log.read_text()[-3000:])
-            time.sleep(0.2)
 
 
 def copy_floor_ms(nbytes: int) -> dict:
@@ -197,9 +166,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         write_repository(repo)
-        proc, grpc_port = start_server(repo, Path(tmp) / "log")
+        server = ShmServer(repo, (free_port(), free_port(), free_port()), Path(tmp) / "log")
+        server.start()
         try:
-            client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
             for mib in args.sizes_mib:
                 floors = copy_floor_ms(mib * MIB)
                 for mode in MODES:
@@ -211,8 +181,9 @@ def main() -> int:
                         case.close()
             client.close()
         finally:
-            proc.terminate()
-            proc.wait(60)
+            leftovers = server.stop()
+            if leftovers:
+                print(f"shmserve left processes behind: {leftovers}", file=sys.stderr)
     lines = [f"shmserve on {results['gpu']}, one gRPC client, one request at a time\n",
              "| MiB | mode | p50 ms | p99 ms | infer/s | D2D copy ms | H2D copy ms |",
              "|---|---|---|---|---|---|---|"]

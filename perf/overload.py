@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,15 +26,11 @@ import urllib.request
 import aiohttp
 import numpy as np
 
+from servers import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHED = "Exceeds maximum queue size"
 IN_FLIGHT_CAP = 20000  # the generator's own safety bound
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_rss_mib(pid: int) -> float:

@@ -31,6 +31,13 @@ def anchors_env(anchors: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def port_in_use(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -235,7 +242,8 @@ class ShmServer(Server):
         exe = REPO_ROOT / ".venv" / "bin" / "shmserve"
         if exe.exists():
             return [str(exe)]
-        return [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "shmserve.cli"]
+        # Without the project's venv (a lent GPU machine): this interpreter, from the checkout.
+        return [sys.executable, "-m", "shmserve.cli"]
 
     def start(self, timeout_s: float = 120) -> None:
         self.check_ports_free()
