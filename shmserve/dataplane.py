@@ -67,8 +67,8 @@ class DataPlane:
                  response_cache: ResponseCache | None = None,
                  first_response_histogram: bool = False, tracer: Tracer | None = None):
         """`response_cache`: the server's (--cache-config), used by models that enable it;
-        `first_response_histogram`: time each request's first response (--metrics-config
-        histogram_latencies=true); `tracer`: the trace settings (--trace-config)."""
+        `first_response_histogram`: time each decoupled request's first response, as Triton
+        does with --metrics-config histogram_latencies=true; `tracer`: the trace settings (--trace-config)."""
         self.registry = registry
         self.tracer = tracer or Tracer()
         self.response_cache = response_cache
@@ -326,8 +326,6 @@ class DataPlane:
             mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
             return key, None
         mv.stats.record_cache_hit(now - started, now - looked)
-        if self.first_response_histogram:
-            mv.stats.record_first_response(now - started)
         return key, _cached_response(request, mv, hit)
 
     def _cache_insert(self, key: bytes, mv, response: InferResponse) -> None:
@@ -541,8 +539,6 @@ class DataPlane:
                                  queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
                                  compute_infer_ns=timings.compute_infer_ns,
                                  compute_output_ns=timings.compute_output_ns)
-            if self.first_response_histogram:
-                stats.record_first_response(request_ns)
             if error is not None:
                 # The model answered with an error: Triton counts the request a success.
                 _log_failure(logging.WARNING, mv, work.request_id, error)

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.registry import Registry
-from shmserve.stats import FIRST_RESPONSE_BOUNDS_MS, REQUEST_DURATION_BOUNDS_NS
+from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
 
 log = logging.getLogger("shmserve")
 
@@ -113,9 +113,10 @@ class ModelMetricsCollector:
             _add_histogram(request_hist, labels, _request_buckets(s.request_buckets),
                            (s.success.ns + s.fail.ns) / 1e9)
             _add_histogram(batch_hist, labels, *_batch_buckets(s.batches))
-            _add_histogram(first_response, labels,
-                           _first_response_buckets(s.first_response_buckets),
-                           s.first_response_ns / 1e6)
+            if mv.config.model_transaction_policy.decoupled:
+                # Triton keeps this histogram for decoupled models only.
+                _add_histogram(first_response, labels, _first_response_buckets(s),
+                               s.first_response_ns / 1e6)
             if mv.config.response_cache.enable:
                 cached_models += 1
                 _add(cache["hits"], labels, s.cache_hit.count)
@@ -190,9 +191,10 @@ def _summaries(registry: Registry):
         yield family
 
 
-def _first_response_buckets(counts: list) -> list:
-    bounds = [str(ms) for ms in FIRST_RESPONSE_BOUNDS_MS] + ["+Inf"]
-    return list(zip(bounds, itertools.accumulate(counts)))
+def _first_response_buckets(s) -> list:
+    # `le` as Triton's Prometheus library prints a double: 100 is "100", 0.5 is "0.5".
+    bounds = [f"{ms:.16g}" for ms in s.first_response_bounds_ms] + ["+Inf"]
+    return list(zip(bounds, itertools.accumulate(s.first_response_buckets)))
 
 
 def _request_buckets(counts: list) -> list:

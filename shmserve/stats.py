@@ -11,9 +11,10 @@ from typing import Optional
 
 from shmserve.summaries import LatencySummaries
 
-# Triton's nv_inference_first_response_histogram_ms buckets (ms), in ns.
+# Triton's default nv_inference_first_response_histogram_ms buckets (ms); a config's
+# model_metrics can set others.
 FIRST_RESPONSE_BOUNDS_MS = (100, 500, 2000, 5000)
-_FIRST_RESPONSE_BOUNDS_NS = tuple(ms * 1_000_000 for ms in FIRST_RESPONSE_BOUNDS_MS)
+FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
 
 # Upper bounds (inclusive, as Prometheus' `le`) of the request-duration histogram's buckets, in
 # ns so that recording compares integers: 100 us to 1 min, covering shared-memory requests of a
@@ -21,6 +22,16 @@ _FIRST_RESPONSE_BOUNDS_NS = tuple(ms * 1_000_000 for ms in FIRST_RESPONSE_BOUNDS
 REQUEST_DURATION_BOUNDS_NS = tuple(int(s * 1e9) for s in (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0, 30.0, 60.0))
+
+
+def first_response_bounds_ms(config) -> tuple:
+    """The first-response histogram's bucket bounds: the last ones a config's model_metrics
+    sets for that family (as Triton applies them in order), else Triton's default."""
+    bounds = FIRST_RESPONSE_BOUNDS_MS
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == FIRST_RESPONSE_FAMILY:
+            bounds = tuple(sorted(set(control.histogram_options.buckets)))
+    return bounds
 
 
 @dataclass(slots=True)
@@ -63,16 +74,21 @@ class ModelStats:
     # Requests, successful or failed, per request-duration bucket (not cumulative).
     request_buckets: list = field(
         default_factory=lambda: [0] * (len(REQUEST_DURATION_BOUNDS_NS) + 1))
-    # Time to a request's first response, per FIRST_RESPONSE_BOUNDS_MS bucket (not
-    # cumulative), and its sum; kept only with --metrics-config histogram_latencies=true.
-    first_response_buckets: list = field(
-        default_factory=lambda: [0] * (len(FIRST_RESPONSE_BOUNDS_MS) + 1))
+    # Time to a decoupled request's first response, per bucket of first_response_bounds_ms
+    # (not cumulative), and its sum; kept only with --metrics-config histogram_latencies=true.
+    first_response_bounds_ms: tuple = FIRST_RESPONSE_BOUNDS_MS
+    first_response_buckets: list = field(init=False)
     first_response_ns: int = 0
     # Quantiles of the last minute's durations, with --metrics-config summary_latencies=true.
     summaries: Optional[LatencySummaries] = None
 
+    def __post_init__(self):
+        self.first_response_buckets = [0] * (len(self.first_response_bounds_ms) + 1)
+        # Compared in ns, as measured; a bound in ms need not be whole.
+        self._first_response_bounds_ns = tuple(ms * 1e6 for ms in self.first_response_bounds_ms)
+
     def record_first_response(self, ns: int) -> None:
-        self.first_response_buckets[bisect_left(_FIRST_RESPONSE_BOUNDS_NS, ns)] += 1
+        self.first_response_buckets[bisect_left(self._first_response_bounds_ns, ns)] += 1
         self.first_response_ns += ns
 
     def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,

@@ -34,7 +34,7 @@ from shmserve.scheduling.ensemble import ENSEMBLE_PLATFORM, EnsemblePlan, Ensemb
 from shmserve.scheduling.sequence import SequenceBatcher
 from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
-from shmserve.stats import ModelStats
+from shmserve.stats import ModelStats, first_response_bounds_ms
 from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve.repository")
@@ -231,17 +231,18 @@ class Loader:
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config,
             config_json=config_to_json(config), signature=ModelSignature.from_config(config),
-            platform=ENSEMBLE_PLATFORM, stats=self._new_stats())
+            platform=ENSEMBLE_PLATFORM, stats=self._new_stats(config))
         mv.scheduler = EnsembleScheduler(plan, self.step_runner, mv.stats)
         mv.state = reg.READY
         log.info("ensemble '%s' version %d is ready (steps: %s)", entry.name, version,
                  ", ".join(step.model_name for step in plan.steps))
         return mv
 
-    def _new_stats(self) -> ModelStats:
-        if not self._summary_quantiles:
-            return ModelStats()
-        return ModelStats(summaries=LatencySummaries(self._summary_quantiles))
+    def _new_stats(self, config) -> ModelStats:
+        summaries = LatencySummaries(self._summary_quantiles) if self._summary_quantiles \
+            else None
+        return ModelStats(summaries=summaries,
+                          first_response_bounds_ms=first_response_bounds_ms(config))
 
     async def _load_version(self, rec, entry, config, version: int) -> reg.ModelVersion:
         started = time.monotonic()
@@ -249,7 +250,7 @@ class Loader:
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config, config_json=config_json,
             signature=ModelSignature.from_config(config),
-            platform=config.platform or config.backend, stats=self._new_stats())
+            platform=config.platform or config.backend, stats=self._new_stats(config))
         # A new version shows as LOADING; a reloaded one keeps serving until the swap.
         rec.versions.setdefault(version, mv)
         try:

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from shmserve.config.parse import parse_config_text
 from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
                               CustomMetricsCollector, Throttled, build_metrics_server,
                               exposition)
-from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats
+from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats, first_response_bounds_ms
 from shmserve.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from tests.conftest import metric_samples
 
@@ -28,10 +29,11 @@ class FakeRegistry:
         return list(self._versions)
 
 
-def model(name="m", stats=None, instances=None, cache=False, tags=None):
+def model(name="m", stats=None, instances=None, cache=False, tags=None, decoupled=False):
     pool = None if instances is None else SimpleNamespace(instances=instances)
     config = SimpleNamespace(response_cache=SimpleNamespace(enable=cache),
-                             metric_tags=tags or {})
+                             metric_tags=tags or {},
+                             model_transaction_policy=SimpleNamespace(decoupled=decoupled))
     return SimpleNamespace(name=name, version=1, load_seconds=0.25, stats=stats or ModelStats(),
                            pool=pool, config=config)
 
@@ -339,7 +341,7 @@ def test_metrics_config_switches_the_latency_counters_and_the_first_response_his
     default = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
     assert any(n == "nv_inference_request_duration_us" for n, _ in default)
     assert not any(n.startswith("nv_inference_first_response") for n, _ in default)
-    switched = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats)),
+    switched = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, decoupled=True)),
                                             counter_latencies=False, histogram_latencies=True))
     assert not any(n.endswith("_duration_us") for n, _ in switched)
     buckets = {dict(labels)["le"]: v for (n, labels), v in switched.items()
@@ -348,6 +350,35 @@ def test_metrics_config_switches_the_latency_counters_and_the_first_response_his
     key = (("model", "m"), ("version", "1"))
     assert switched[("nv_inference_first_response_histogram_ms_sum", key)] == 6150
     assert switched[("nv_inference_first_response_histogram_ms_count", key)] == 2
+
+
+def test_only_decoupled_models_have_a_first_response_histogram():
+    """As in Triton, whose model reporters create it for decoupled models only."""
+    out = scrape(ModelMetricsCollector(FakeRegistry(model("plain"), model("stream", decoupled=True)),
+                                       histogram_latencies=True))
+    models = {dict(labels)["model"] for n, labels in out
+              if n == "nv_inference_first_response_histogram_ms_count"}
+    assert models == {"stream"}
+
+
+def test_model_metrics_set_the_first_response_buckets():
+    config = parse_config_text('''
+        backend: "python"
+        model_metrics { metric_control [
+          { metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+            histogram_options { buckets: [ 1, 0.5, 50 ] } },
+          { metric_identifier { family: "some_other_family" }
+            histogram_options { buckets: [ 7 ] } } ] }''')
+    assert first_response_bounds_ms(config) == (0.5, 1.0, 50.0)
+    assert first_response_bounds_ms(parse_config_text('backend: "python"')) == (100, 500, 2000, 5000)
+    stats = ModelStats(first_response_bounds_ms=first_response_bounds_ms(config))
+    for ms in (0.2, 0.5, 3, 3, 80):
+        stats.record_first_response(int(ms * MS))
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, decoupled=True)),
+                                       histogram_latencies=True))
+    buckets = {dict(labels)["le"]: v for (n, labels), v in out.items()
+               if n == "nv_inference_first_response_histogram_ms_bucket"}
+    assert buckets == {"0.5": 2, "1": 2, "50": 4, "+Inf": 5}
 
 
 def test_latency_summaries_read_quantiles_of_the_last_minute():
