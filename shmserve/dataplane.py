@@ -531,14 +531,16 @@ class DataPlane:
         if work.stream is None:
             error = response.error
             if error is not None and not error.answered:
-                stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
+                stats.record_failure(time.perf_counter_ns() - started, "BACKEND",
+                                     timings.gpu_uuid)
                 _log_failure(logging.WARNING, mv, work.request_id, error)
                 raise error
             request_ns = time.perf_counter_ns() - started
             stats.record_success(batch_size=batch_size, request_ns=request_ns,
                                  queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
                                  compute_infer_ns=timings.compute_infer_ns,
-                                 compute_output_ns=timings.compute_output_ns)
+                                 compute_output_ns=timings.compute_output_ns,
+                                 device=timings.gpu_uuid)
             if error is not None:
                 # The model answered with an error: Triton counts the request a success.
                 _log_failure(logging.WARNING, mv, work.request_id, error)
@@ -610,14 +612,15 @@ def _record_stream(stats, batch_size: int, started: int, ended: int, failed: boo
     batch that could not run was counted as it failed)."""
     if run.cancelled() or run.exception() is not None:
         return
-    if failed:
-        stats.record_failure(ended - started, "BACKEND")
-        return
     _, queue_ns, timings = run.result()
+    if failed:
+        stats.record_failure(ended - started, "BACKEND", timings.gpu_uuid)
+        return
     stats.record_success(batch_size=batch_size, request_ns=ended - started, queue_ns=queue_ns,
                          compute_input_ns=timings.compute_input_ns,
                          compute_infer_ns=timings.compute_infer_ns,
-                         compute_output_ns=timings.compute_output_ns)
+                         compute_output_ns=timings.compute_output_ns,
+                         device=timings.gpu_uuid)
 
 
 def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:

@@ -6,6 +6,8 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -13,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from shmserve.http.http1 import HttpServer, Request, Response, error_response
 from shmserve.registry import Registry
 from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
+from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve")
 
@@ -97,19 +100,21 @@ class ModelMetricsCollector:
         cached_models = 0
         for mv in self._registry.all_versions():
             labels = model_labels(mv)
-            _add(load, labels, mv.load_seconds)
             s = mv.stats
-            _add(success, labels, s.success.count)
-            for reason in FAILURE_REASONS:
-                _add(failure, {**labels, "reason": reason}, s.failures.get(reason, 0))
-            _add(count, labels, s.inference_count)
-            _add(exec_count, labels, s.execution_count)
-            _add(pending, labels, s.pending)
-            _add(durations["request"], labels, (s.success.ns + s.fail.ns) // 1000)
-            _add(durations["queue"], labels, s.queue.ns // 1000)
-            _add(durations["compute_input"], labels, s.compute_input.ns // 1000)
-            _add(durations["compute_infer"], labels, s.compute_infer.ns // 1000)
-            _add(durations["compute_output"], labels, s.compute_output.ns // 1000)
+            cached = mv.config.response_cache.enable
+            for r in _reporters(mv, labels):
+                _add(load, r.labels, r.load_seconds)
+                _add(success, r.labels, r.success)
+                for reason in FAILURE_REASONS:
+                    _add(failure, {**r.labels, "reason": reason}, r.failures.get(reason, 0))
+                _add(count, r.labels, r.inference_count)
+                _add(exec_count, r.labels, r.execution_count)
+                _add(pending, r.labels, r.pending)
+                for kind, ns in r.durations_ns.items():
+                    _add(durations[kind], r.labels, ns // 1000)
+                if cached and r.labels is not labels:
+                    for family in cache.values():  # a GPU's reporter counts no cache use
+                        _add(family, r.labels, 0)
             _add_histogram(request_hist, labels, _request_buckets(s.request_buckets),
                            (s.success.ns + s.fail.ns) / 1e9)
             _add_histogram(batch_hist, labels, *_batch_buckets(s.batches))
@@ -117,7 +122,7 @@ class ModelMetricsCollector:
                 # Triton keeps this histogram for decoupled models only.
                 _add_histogram(first_response, labels, _first_response_buckets(s),
                                s.first_response_ns / 1e6)
-            if mv.config.response_cache.enable:
+            if cached:
                 cached_models += 1
                 _add(cache["hits"], labels, s.cache_hit.count)
                 _add(cache["misses"], labels, s.cache_miss.count)
@@ -132,6 +137,65 @@ class ModelMetricsCollector:
         if cached_models:
             yield from cache.values()
         yield from _summaries(self._registry)
+
+
+@dataclass(slots=True)
+class _Reporter:
+    """The series that one of Triton's metric reporters of a version shows: the version's own
+    (requests that no GPU instance ran, the queue, the load time), or that of its instances on
+    one GPU, labelled with the GPU's `gpu_uuid`."""
+    labels: dict
+    success: int
+    failures: dict
+    inference_count: int
+    execution_count: int
+    pending: int
+    load_seconds: float
+    durations_ns: dict  # "request", "queue", "compute_*" -> cumulative ns
+    summaries: Optional[LatencySummaries]
+
+
+def _reporters(mv, labels: dict) -> list:
+    s = mv.stats
+    own = _Reporter(labels, s.success.count, dict(s.failures), s.inference_count,
+                    s.execution_count, s.pending, mv.load_seconds,
+                    {"request": s.success.ns + s.fail.ns, "queue": s.queue.ns,
+                     "compute_input": s.compute_input.ns, "compute_infer": s.compute_infer.ns,
+                     "compute_output": s.compute_output.ns},
+                    s.summaries)
+    reporters = [own]
+    for uuid, d in sorted(_devices(mv).items()):
+        gpu = _Reporter({**labels, "gpu_uuid": uuid}, d.success.count, dict(d.failures),
+                        d.inference_count, d.execution_count, 0, 0.0,
+                        {"request": d.success.ns + d.fail.ns, "queue": d.queue.ns,
+                         "compute_input": d.compute_input.ns,
+                         "compute_infer": d.compute_infer.ns,
+                         "compute_output": d.compute_output.ns},
+                        d.summaries)
+        # The version's own counts hold every request (the statistics extension shows them
+        # all); its reporter shows only those that no GPU's did.
+        own.success -= gpu.success
+        for reason, n in gpu.failures.items():
+            own.failures[reason] -= n
+        own.inference_count -= gpu.inference_count
+        own.execution_count -= gpu.execution_count
+        for kind, ns in gpu.durations_ns.items():
+            own.durations_ns[kind] -= ns
+        reporters.append(gpu)
+    return reporters
+
+
+def _devices(mv) -> dict:
+    """GPU UUID -> DeviceStats of the version's GPUs: those that ran its work, and those its
+    instances are on (whose series, as Triton's, exist before their first request)."""
+    s = mv.stats
+    if not s.per_device:
+        return {}
+    if mv.pool is not None:
+        for instance in mv.pool.instances:
+            if instance.gpu_uuid:
+                s.device(instance.gpu_uuid)
+    return s.devices
 
 
 def model_labels(mv) -> dict:
@@ -175,19 +239,19 @@ _SUMMARY_HELP = {
 
 def _summaries(registry: Registry):
     """nv_inference_*_summary_us of the versions that keep summaries (summary_latencies)."""
-    versions = [mv for mv in registry.all_versions() if mv.stats.summaries is not None]
-    if not versions:
+    reporters = [r for mv in registry.all_versions() if mv.stats.summaries is not None
+                 for r in _reporters(mv, model_labels(mv))]
+    if not reporters:
         return
     for kind, help_text in _SUMMARY_HELP.items():
         name = f"nv_inference_{kind}_summary_us"
         family = Metric(name, help_text, "summary")
-        for mv in versions:
-            labels = model_labels(mv)
-            count, total, quantiles = mv.stats.summaries.read(kind)
+        for r in reporters:
+            count, total, quantiles = r.summaries.read(kind)
             for q, value in quantiles:
-                family.add_sample(name, {**labels, "quantile": repr(q)}, value)
-            family.add_sample(name + "_count", labels, count)
-            family.add_sample(name + "_sum", labels, total)
+                family.add_sample(name, {**r.labels, "quantile": repr(q)}, value)
+            family.add_sample(name + "_count", r.labels, count)
+            family.add_sample(name + "_sum", r.labels, total)
         yield family
 
 

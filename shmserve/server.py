@@ -133,6 +133,8 @@ class Server:
                              front_spin=(FrontSpin(options.front_spin_us)
                                          if options.front_spin_us else None),
                              pipeline_below_us=options.pipeline_below_us,
+                             gpu_metric_labels=(options.allow_metrics
+                                                and options.allow_gpu_metrics),
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
                              on_pool_stopped=self.supervisor.forget)

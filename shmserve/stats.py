@@ -51,6 +51,22 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass(slots=True)
+class DeviceStats:
+    """What a version's instances on one GPU did: in Triton, those instances report to a
+    reporter of their own, whose series carry the GPU's `gpu_uuid`."""
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    failures: dict = field(default_factory=dict)  # by metric reason, as ModelStats'
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    summaries: Optional[LatencySummaries] = None
+
+
 @dataclass
 class ModelStats:
     inference_count: int = 0
@@ -81,6 +97,13 @@ class ModelStats:
     first_response_ns: int = 0
     # Quantiles of the last minute's durations, with --metrics-config summary_latencies=true.
     summaries: Optional[LatencySummaries] = None
+    # Whether the metrics split what GPU instances do by GPU (Triton labels those series
+    # with `gpu_uuid` when its GPU metrics are on): then `devices` maps a GPU's UUID to the
+    # DeviceStats of the instances on it. Their requests and batches count in the fields
+    # above too, for the statistics extension; the summaries are the exception: a request's
+    # durations go to its device's alone.
+    per_device: bool = False
+    devices: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.first_response_buckets = [0] * (len(self.first_response_bounds_ms) + 1)
@@ -91,10 +114,18 @@ class ModelStats:
         self.first_response_buckets[bisect_left(self._first_response_bounds_ns, ns)] += 1
         self.first_response_ns += ns
 
+    def device(self, uuid: str) -> DeviceStats:
+        d = self.devices.get(uuid)
+        if d is None:
+            d = self.devices[uuid] = DeviceStats(
+                summaries=None if self.summaries is None else self.summaries.sibling())
+        return d
+
     def record_success(self, *, batch_size: int, request_ns: int, queue_ns: int,
                        compute_input_ns: int, compute_infer_ns: int,
-                       compute_output_ns: int) -> None:
-        """One request answered; its compute times are those of the batch it ran in."""
+                       compute_output_ns: int, device: str = "") -> None:
+        """One request answered; its compute times are those of the batch it ran in, on an
+        instance of GPU `device` (a UUID; empty for other instances)."""
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
@@ -111,9 +142,19 @@ class ModelStats:
         compute_infer.ns += compute_infer_ns
         self.compute_output.count += 1
         self.compute_output.ns += compute_output_ns
-        if self.summaries is not None:
-            self.summaries.observe(request_ns, queue_ns, compute_input_ns, compute_infer_ns,
-                                   compute_output_ns)
+        summaries = self.summaries
+        if device and self.per_device:
+            d = self.device(device)
+            d.inference_count += batch_size
+            d.success.add(request_ns)
+            d.queue.add(queue_ns)
+            d.compute_input.add(compute_input_ns)
+            d.compute_infer.add(compute_infer_ns)
+            d.compute_output.add(compute_output_ns)
+            summaries = d.summaries
+        if summaries is not None:
+            summaries.observe(request_ns, queue_ns, compute_input_ns, compute_infer_ns,
+                              compute_output_ns)
 
     def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
         """A request answered from the response cache: a success, but no inference."""
@@ -127,6 +168,8 @@ class ModelStats:
     def record_execution(self, batch_size: int, timings) -> None:
         """One batch executed (batch_size: the sum of its requests' batch sizes)."""
         self.execution_count += 1
+        if timings.gpu_uuid and self.per_device:
+            self.device(timings.gpu_uuid).execution_count += 1
         b = self.batches.get(batch_size)
         if b is None:
             b = self.batches[batch_size] = BatchStats()
@@ -134,10 +177,15 @@ class ModelStats:
         b.compute_infer.add(timings.compute_infer_ns)
         b.compute_output.add(timings.compute_output_ns)
 
-    def record_failure(self, request_ns: int, reason: str) -> None:
+    def record_failure(self, request_ns: int, reason: str, device: str = "") -> None:
+        """`device`: the UUID of the GPU whose instance failed the request, if one did."""
         self.fail.add(request_ns)
         self.request_buckets[bisect_left(REQUEST_DURATION_BOUNDS_NS, request_ns)] += 1
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        if device and self.per_device:
+            d = self.device(device)
+            d.fail.add(request_ns)
+            d.failures[reason] = d.failures.get(reason, 0) + 1
 
 
 def stats_json(mv, s: ModelStats) -> dict:

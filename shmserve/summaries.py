@@ -107,6 +107,10 @@ class LatencySummaries:
         self._clock = clock
         self._rotate_at = clock() + MAX_AGE_S / AGE_BUCKETS
 
+    def sibling(self) -> "LatencySummaries":
+        """Empty summaries with the same quantiles and clock."""
+        return LatencySummaries(tuple((q, 0.0) for q in self.quantiles), self._clock)
+
     def observe(self, request_ns: int, queue_ns: int, compute_input_ns: int,
                 compute_infer_ns: int, compute_output_ns: int) -> None:
         self._age()

@@ -76,6 +76,7 @@ def main(argv: list) -> int:
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
     from shmserve.ipc.shm import Segment
+    from workers import cuda
     from workers.runner import ModelRunner, RunnerError
 
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
@@ -125,7 +126,8 @@ def main(argv: list) -> int:
     # The model and its libraries live as long as the worker: out of the collector's sight,
     # full collections between batches scan only what requests leave behind.
     gc.freeze()
-    channel.send(messages.Ready("", runner.has_readiness_hook))
+    uuid = cuda.gpu_uuid(init.device_id) if init.instance_kind == "GPU" else ""
+    channel.send(messages.Ready("", runner.has_readiness_hook, uuid))
     from workers import metrics_report
     metrics_report.start(channel)
     try:

@@ -91,6 +91,26 @@ def _libcuda():
         return None
 
 
+def gpu_uuid(device: int) -> str:
+    """The UUID of CUDA device `device`, as NVML and Triton's metrics spell it
+    ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"); empty where the driver cannot say. Asked of
+    the driver, so that it works without cupy and never creates a context."""
+    lib = _libcuda()
+    if lib is None:
+        return ""
+    handle = ctypes.c_int()
+    raw = (ctypes.c_ubyte * 16)()
+    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(handle), device) != 0 \
+            or lib.cuDeviceGetUuid(raw, handle) != 0:
+        return ""
+    return uuid_text(bytes(raw))
+
+
+def uuid_text(raw: bytes) -> str:
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def allocation_size(pointer: int, device: int):
     """Bytes from `pointer` to the end of its allocation, or None when the driver cannot say
     (cupy wraps no call for it, so the driver is asked directly)."""

@@ -115,6 +115,7 @@ class BatchTimings:
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
     start_ns: int = 0  # when the worker began it (CLOCK_MONOTONIC); 0 if unknown
+    gpu_uuid: str = ""  # the GPU of the instance that ran it; empty for CPU instances
 
 
 class WorkerHandle:
@@ -151,6 +152,9 @@ class WorkerHandle:
         # The model defines is_ready(); the answer to the CheckReady in flight, if any.
         self.readiness_hook = False
         self._readiness: Optional[asyncio.Future] = None
+        # A KIND_GPU instance's GPU, as its worker found it (empty until then, or unknown):
+        # the batches it runs are counted under that GPU's metric labels.
+        self.gpu_uuid = ""
         self._input_arena: Optional[InputArena] = None
         self._output_arena = None
         self._output_buf = None
@@ -482,9 +486,10 @@ class WorkerHandle:
                 return
             future.set_result((responses, BatchTimings(
                 msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns,
-                msg.compute_start_ns)))
+                msg.compute_start_ns, self.gpu_uuid)))
         elif isinstance(msg, messages.Ready):
             self.readiness_hook = msg.readiness_hook
+            self.gpu_uuid = msg.gpu_uuid
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg.error)
         elif isinstance(msg, messages.ReadyState):

@@ -102,13 +102,15 @@ class Ready:
     error: str = ""  # empty when the model initialized
     # The model defines is_ready(): the front asks it (CheckReady) when readiness is queried.
     readiness_hook: bool = False
+    # A KIND_GPU instance's GPU, as CUDA names it ("GPU-<uuid>"); empty when none or unknown.
+    gpu_uuid: str = ""
 
     def to_wire(self) -> list:
-        return [READY, self.error, self.readiness_hook]
+        return [READY, self.error, self.readiness_hook, self.gpu_uuid]
 
     @staticmethod
     def from_wire(w: list) -> "Ready":
-        return Ready(w[1], w[2])
+        return Ready(w[1], w[2], w[3])
 
 
 @dataclass(slots=True)

@@ -75,7 +75,8 @@ class Loader:
                  disable_auto_complete=False, load_retries: int = 0,
                  summary_quantiles: tuple = (), rate_limiter=None,
                  worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None,
-                 pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US):
+                 pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US,
+                 gpu_metric_labels: bool = False):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
@@ -83,7 +84,9 @@ class Loader:
         `worker_spin_us`: the workers' polling between batches (--worker-spin-us);
         `front_spin`: the front's polling around batches (a FrontSpin), or None;
         `pipeline_below_us`: how short an instance's batches must be for it to be sent the
-        next while it runs one (--pipeline-below-us)."""
+        next while it runs one (--pipeline-below-us); `gpu_metric_labels`: whether the
+        metrics count GPU instances' work under their GPU's `gpu_uuid` (GPU metrics on)."""
+        self._gpu_metric_labels = gpu_metric_labels
         self._rate_limiter = rate_limiter
         self._pipeline_below_us = pipeline_below_us
         self._worker_spin_us = worker_spin_us
@@ -242,7 +245,8 @@ class Loader:
         summaries = LatencySummaries(self._summary_quantiles) if self._summary_quantiles \
             else None
         return ModelStats(summaries=summaries,
-                          first_response_bounds_ms=first_response_bounds_ms(config))
+                          first_response_bounds_ms=first_response_bounds_ms(config),
+                          per_device=self._gpu_metric_labels)
 
     async def _load_version(self, rec, entry, config, version: int) -> reg.ModelVersion:
         started = time.monotonic()

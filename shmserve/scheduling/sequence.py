@@ -422,7 +422,7 @@ class SequenceBatcher:
             batch_size=1, request_ns=self._timer.now_ns() - entry.enqueued_ns,
             queue_ns=entry.queue_ns, compute_input_ns=timings.compute_input_ns,
             compute_infer_ns=timings.compute_infer_ns,
-            compute_output_ns=timings.compute_output_ns)
+            compute_output_ns=timings.compute_output_ns, device=timings.gpu_uuid)
 
     def _requeue(self, entry: _Request) -> None:
         sequence = entry.sequence

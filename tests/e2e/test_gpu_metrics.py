@@ -1,13 +1,17 @@
 """Triton's GPU metrics on a real GPU: one series per GPU that NVML lists, labelled with its
-UUID, with NVML's values in Triton's units; none with --allow-gpu-metrics=false.
+UUID, with NVML's values in Triton's units; none with --allow-gpu-metrics=false. A GPU
+instance's requests count in its model's series labelled with that GPU's UUID.
 
 Needs nvidia-ml-py and an NVIDIA GPU; skipped elsewhere (test_metrics.py checks that a server
 without a GPU exports none of these families)."""
 
+import os
 import time
 import urllib.request
 
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from shmserve.repository.loader import gpu_count
 from tests.conftest import metric_samples, start_server, stop_server
@@ -107,5 +111,68 @@ def test_allow_gpu_metrics_false_drops_the_gpu_families(tmp_path_factory):
             text = r.read().decode()
         assert "nv_cpu_utilization" in text
         assert not any(name in text for name in (*GAUGES, ENERGY))
+    finally:
+        stop_server(srv)
+
+
+IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+IDENTITY_GPU_CONFIG = '''
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+'''
+
+
+def _model_series(server, family: str, model: str) -> dict:
+    """{gpu_uuid or None: value} of one model's series in one family."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=5) as r:
+        samples = metric_samples(r.read().decode())
+    return {dict(labels).get("gpu_uuid"): value for (name, labels), value in samples.items()
+            if name == family and dict(labels)["model"] == model}
+
+
+@pytest.mark.parametrize("gpu_metrics", [True, False])
+def test_a_gpu_instances_requests_count_under_its_gpus_uuid(tmp_path_factory, uuids,
+                                                            gpu_metrics):
+    """Triton's instance reporters label their series with the instance's GPU; the model's
+    own series (pending requests, load time) have none. Without GPU metrics, no labels."""
+    repo = tmp_path_factory.mktemp("gpu_model_repo")
+    os.makedirs(repo / "identity_gpu" / "1")
+    (repo / "identity_gpu" / "config.pbtxt").write_text(IDENTITY_GPU_CONFIG)
+    (repo / "identity_gpu" / "1" / "model.py").write_text(IDENTITY)
+    srv = start_server(str(repo), str(tmp_path_factory.mktemp("gpu_model_logs") / "log"),
+                       f"--allow-gpu-metrics={str(gpu_metrics).lower()}",
+                       wait_models=("identity_gpu",))
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as client:
+            for _ in range(3):
+                data = np.arange(4, dtype=np.float32)
+                tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+                tensor.set_data_from_numpy(data)
+                client.infer("identity_gpu", [tensor])
+        success = _model_series(srv, "nv_inference_request_success", "identity_gpu")
+        executions = _model_series(srv, "nv_inference_exec_count", "identity_gpu")
+        pending = _model_series(srv, "nv_inference_pending_request_count", "identity_gpu")
+        if not gpu_metrics:
+            assert success == {None: 3} and executions == {None: 3}
+            return
+        (uuid,) = set(success) - {None}
+        assert uuid in uuids
+        assert success == {None: 0, uuid: 3}
+        assert executions == {None: 0, uuid: 3}
+        assert pending == {None: 0, uuid: 0}
     finally:
         stop_server(srv)

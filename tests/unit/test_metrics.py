@@ -14,7 +14,8 @@ from shmserve.config.parse import parse_config_text
 from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
                               CustomMetricsCollector, Throttled, build_metrics_server,
                               exposition)
-from shmserve.stats import REQUEST_DURATION_BOUNDS_NS, ModelStats, first_response_bounds_ms
+from shmserve.stats import (REQUEST_DURATION_BOUNDS_NS, ModelStats, first_response_bounds_ms,
+                            stats_json)
 from shmserve.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from tests.conftest import metric_samples
 
@@ -53,7 +54,7 @@ def succeed(stats, request_ns, batch_size=1):
 
 def execute(stats, batch_size):
     stats.record_execution(batch_size, SimpleNamespace(compute_input_ns=1, compute_infer_ns=2,
-                                                       compute_output_ns=3))
+                                                       compute_output_ns=3, gpu_uuid=""))
 
 
 LABELS = (("model", "m"), ("version", "1"))
@@ -428,3 +429,116 @@ def test_summaries_keep_a_bounded_sample_of_a_busy_minute():
     assert dict(summaries.read("request")[2])[0.999] == 1_000_000
     now[0] = 62.0
     assert dict(summaries.read("request")[2])[0.5] == 1_000_000
+
+
+GPU_A = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+GPU_B = "GPU-ffffffff-0000-1111-2222-333344445555"
+
+
+def on_gpu(uuid):
+    return SimpleNamespace(compute_input_ns=1, compute_infer_ns=2, compute_output_ns=3,
+                           gpu_uuid=uuid)
+
+
+def test_gpu_instances_count_under_their_gpus_uuid_and_the_rest_under_the_model():
+    """As Triton's reporters: each GPU's instances have series labelled `gpu_uuid`; the
+    model's own series count what ran elsewhere (a CPU instance, a failed read), the queue
+    and the load time. The statistics extension still counts all of it once."""
+    stats = ModelStats(per_device=True)
+    for uuid, ns in ((GPU_A, 10_000), (GPU_A, 20_000), ("", 5_000)):
+        stats.record_execution(2, on_gpu(uuid))
+        stats.record_success(batch_size=2, request_ns=ns, queue_ns=1000, compute_input_ns=1,
+                             compute_infer_ns=2, compute_output_ns=3, device=uuid)
+    stats.record_failure(7_000, "BACKEND", GPU_A)
+    stats.record_failure(3_000, "REJECTED")
+    stats.pending = 4
+    instances = [SimpleNamespace(gpu_uuid=GPU_A, custom_metrics=[]),
+                 SimpleNamespace(gpu_uuid=GPU_B, custom_metrics=[]),
+                 SimpleNamespace(gpu_uuid="", custom_metrics=[])]
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, instances=instances))))
+
+    def series(name, **extra):
+        return {dict(labels).get("gpu_uuid"): v for (n, labels), v in out.items()
+                if n == name and all(dict(labels).get(k) == x for k, x in extra.items())}
+
+    assert series("nv_inference_request_success") == {None: 1, GPU_A: 2, GPU_B: 0}
+    assert series("nv_inference_count") == {None: 2, GPU_A: 4, GPU_B: 0}
+    assert series("nv_inference_exec_count") == {None: 1, GPU_A: 2, GPU_B: 0}
+    assert series("nv_inference_request_failure", reason="BACKEND") == {None: 0, GPU_A: 1,
+                                                                         GPU_B: 0}
+    assert series("nv_inference_request_failure", reason="REJECTED") == {None: 1, GPU_A: 0,
+                                                                          GPU_B: 0}
+    assert series("nv_inference_request_duration_us") == {None: 8, GPU_A: 37, GPU_B: 0}
+    assert series("nv_inference_queue_duration_us") == {None: 1, GPU_A: 2, GPU_B: 0}
+    assert series("nv_inference_pending_request_count") == {None: 4, GPU_A: 0, GPU_B: 0}
+    assert series("nv_model_load_duration_secs") == {None: 0.25, GPU_A: 0, GPU_B: 0}
+    # shmserve's own histograms stay one per version.
+    assert series("shmserve_inference_batch_size_count") == {None: 3}
+    whole = stats_json(SimpleNamespace(name="m", version=1), stats)
+    assert whole["inference_count"] == 6 and whole["execution_count"] == 3
+    assert whole["inference_stats"]["success"]["count"] == 3
+
+
+def test_without_gpu_labels_a_gpu_instances_work_counts_under_the_model():
+    """--allow-gpu-metrics=false (or no metrics): Triton finds no UUID, so no label."""
+    stats = ModelStats()
+    stats.record_execution(1, on_gpu(GPU_A))
+    succeed_on = dict(batch_size=1, request_ns=1000, queue_ns=0, compute_input_ns=0,
+                      compute_infer_ns=0, compute_output_ns=0, device=GPU_A)
+    stats.record_success(**succeed_on)
+    stats.record_failure(1000, "BACKEND", GPU_A)
+    instances = [SimpleNamespace(gpu_uuid=GPU_A, custom_metrics=[])]
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, instances=instances))))
+    assert not any("gpu_uuid" in dict(labels) for _, labels in out)
+    assert out[("nv_inference_request_success", LABELS)] == 1
+    assert stats.devices == {}
+
+
+def test_a_gpu_instances_durations_go_to_its_own_summaries():
+    stats = ModelStats(per_device=True,
+                       summaries=LatencySummaries(((0.5, 0.05),), clock=lambda: 0.0))
+    stats.record_success(batch_size=1, request_ns=MS, queue_ns=0, compute_input_ns=0,
+                         compute_infer_ns=0, compute_output_ns=0, device=GPU_A)
+    for _ in range(2):
+        stats.record_success(batch_size=1, request_ns=3 * MS, queue_ns=0, compute_input_ns=0,
+                             compute_infer_ns=0, compute_output_ns=0)
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats))))
+    counts = {dict(labels).get("gpu_uuid"): v for (n, labels), v in out.items()
+              if n == "nv_inference_request_summary_us_count"}
+    assert counts == {None: 2, GPU_A: 1}
+    median = {dict(labels).get("gpu_uuid"): v for (n, labels), v in out.items()
+              if n == "nv_inference_request_summary_us" and dict(labels)["quantile"] == "0.5"}
+    assert median == {None: 3000, GPU_A: 1000}
+
+
+def test_a_gpu_worker_names_its_gpu_as_nvml_does(monkeypatch):
+    """The worker asks the CUDA driver (here a stand-in: no GPU) for its device's UUID."""
+    import ctypes
+    from workers import cuda
+
+    raw = bytes.fromhex("0a1b2c3d00001111222233334444ff55")
+    asked = []
+
+    class FakeDriver:
+        @staticmethod
+        def cuInit(flags):
+            return 0
+
+        @staticmethod
+        def cuDeviceGet(handle, ordinal):
+            asked.append(ordinal)
+            handle._obj.value = 40 + ordinal
+            return 0 if ordinal < 2 else 101  # CUDA_ERROR_INVALID_DEVICE
+
+        @staticmethod
+        def cuDeviceGetUuid(out, handle):
+            assert handle.value == 41
+            ctypes.memmove(out, raw, 16)
+            return 0
+
+    monkeypatch.setattr(cuda, "_libcuda", lambda: FakeDriver)
+    assert cuda.gpu_uuid(1) == "GPU-0a1b2c3d-0000-1111-2222-33334444ff55"
+    assert cuda.gpu_uuid(5) == ""
+    assert asked == [1, 5]
+    monkeypatch.setattr(cuda, "_libcuda", lambda: None)
+    assert cuda.gpu_uuid(0) == ""
