@@ -15,12 +15,15 @@ to the caller until it says "release" (or dies): its slots are not reused before
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 
 from shmserve.dataplane import SEQUENCE_END, SEQUENCE_START, DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import messages
+
+log = logging.getLogger("shmserve")
 
 
 class ServerCalls:
@@ -89,6 +92,12 @@ class ServerCalls:
         except (KeyError, TypeError, ValueError) as exc:
             worker.reply(_error_reply(call.call_id, "INVALID_ARG",
                                       f"malformed {call.kind} call: {exc}"))
+        except Exception as exc:
+            # A fault of the server's own: the model gets an answer rather than waiting
+            # forever, and the front goes on serving.
+            log.exception("the %s call of %s failed", call.kind, worker)
+            worker.reply(_error_reply(call.call_id, "INTERNAL",
+                                      f"{call.kind} call failed in the server: {exc!r}"))
 
     async def _infer(self, worker, call_id: int, args: dict) -> None:
         request = _infer_request(args, worker)

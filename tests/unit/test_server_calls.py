@@ -285,3 +285,28 @@ def test_a_bls_input_outside_what_the_caller_was_given_is_refused():
         assert answer.response.error[0] == "INVALID_ARG"
         assert "outside the BLS arena" in answer.response.error[1]
     asyncio.run(scenario())
+
+
+def test_a_fault_of_the_server_answers_the_call_with_an_internal_error(caplog):
+    """A bug on the front's side of a call (here a dataplane that raises what it should not)
+    still answers the model, which would otherwise wait forever."""
+    class BrokenDataPlane(FakeDataPlane):
+        async def infer(self, request):
+            raise AttributeError("'ResponseStream' object has no attribute '_loop'")
+
+        async def model_ready(self, model, version):
+            raise RuntimeError("broken")
+
+    async def scenario():
+        worker = FakeWorker(Region("arena", 1 << 20))
+        calls = ServerCalls(BrokenDataPlane(Region("target", 1 << 20)))
+        calls(worker, messages.ServerCall(1, "infer",
+                                          {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}))
+        calls(worker, messages.ServerCall(2, "ready", {"model": "m"}))
+        await asyncio.sleep(0.01)
+        answers = {r.call_id: r.response.error for r in worker.replies}
+        assert answers[1][0] == "INTERNAL" and "_loop" in answers[1][1]
+        assert answers[2] == ["INTERNAL", "ready call failed in the server: RuntimeError('broken')"]
+        assert all(r.final for r in worker.replies)
+    asyncio.run(scenario())
+    assert "the infer call of" in caplog.text
