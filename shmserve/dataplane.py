@@ -398,10 +398,10 @@ class DataPlane:
 
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
-        stream = work.stream = ResponseStream()
+        loop = asyncio.get_running_loop()
+        stream = work.stream = ResponseStream(loop)
         # Started now: the request reaches its scheduler in this turn of the loop.
-        run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started),
-                          asyncio.get_running_loop())
+        run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started), loop)
         run.add_done_callback(functools.partial(_end_of_execution, stream))
         stats = mv.stats
         failed = False

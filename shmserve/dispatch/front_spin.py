@@ -28,6 +28,7 @@ class FrontSpin:
         self._clock = clock
         self._until = 0.0
         self.spinning = False
+        self._loop = None
 
     def watch(self, batch: asyncio.Future) -> None:
         """`batch` was just sent to a worker: poll for `spin_us`, and again for `spin_us`
@@ -37,15 +38,18 @@ class FrontSpin:
         batch.add_done_callback(self._ended)
         self._ended(batch)
 
-    def _ended(self, _batch) -> None:
+    def _ended(self, batch) -> None:
         self._until = self._clock() + self._spin_s
         if not self.spinning and self._gate.should_spin():
             self.spinning = True
-            asyncio.get_running_loop().call_soon(self._turn)
+            # The batch's loop, not get_running_loop(): on Python 3.11 that is a getpid()
+            # system call, and a turn of the spin should cost as little as it can.
+            self._loop = batch.get_loop()
+            self._loop.call_soon(self._turn)
 
     def _turn(self) -> None:
         if self._clock() < self._until and self._gate.should_spin():
             os.sched_yield()
-            asyncio.get_running_loop().call_soon(self._turn)
+            self._loop.call_soon(self._turn)
         else:
             self.spinning = False

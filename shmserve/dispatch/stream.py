@@ -15,9 +15,12 @@ from shmserve.errors import ServerError
 
 
 class ResponseStream:
-    __slots__ = ("_items", "_waiter", "_table", "_row", "_error", "finished", "cancelled")
+    __slots__ = ("_loop", "_items", "_waiter", "_table", "_row", "_error", "finished",
+                 "cancelled")
 
-    def __init__(self):
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None):
+        """`loop`: the reader's event loop (found when first waited on, unless given)."""
+        self._loop = loop
         self._items = collections.deque()  # (WorkResponse or None, final)
         self._waiter: Optional[asyncio.Future] = None
         self._table = None
@@ -69,7 +72,9 @@ class ResponseStream:
         while not self._items:
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:

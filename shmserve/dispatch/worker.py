@@ -278,7 +278,7 @@ class WorkerHandle:
         try:
             frames, pieces, nbytes = _layout(batch, rows)
             block, slot = self._place_block(pieces, nbytes)
-            future = asyncio.get_running_loop().create_future()
+            future = self._loop.create_future()
             self._map_regions(batch)
             plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
             if self._hang_timeout:

@@ -129,7 +129,7 @@ class _Call:
         while not self.messages:
             if self.remote_ended or self.finished:
                 raise StopAsyncIteration
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.conn.loop.create_future()
             try:
                 await self.waiter
             finally:
@@ -208,7 +208,7 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._paused is None or self._paused.done():
-            self._paused = asyncio.get_running_loop().create_future()
+            self._paused = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self._paused is not None and not self._paused.done():
@@ -224,7 +224,7 @@ class _Connection(asyncio.Protocol):
         """Responses that leave in the same loop iteration share one write."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+            self.loop.call_soon(self._scheduled_flush)
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False

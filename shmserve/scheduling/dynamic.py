@@ -47,6 +47,7 @@ class DynamicBatcher:
         self._wake = Alarm(self._timer, self._schedule)  # the pending batch's queue delay
         self._scheduling = False
         self._schedule_soon = False
+        self._loop = None  # the event loop of the first request
         self._running: set = set()  # batches in flight, referenced until they end
         pool.add_listener(self._schedule)
 
@@ -78,8 +79,12 @@ class DynamicBatcher:
         queue = self._queue
         level = queue.level_of(priority)
         now = self._timer.now_ns()
+        loop = self._loop
+        if loop is None:
+            # Kept: on Python 3.11 each get_running_loop() is a getpid() system call.
+            loop = self._loop = asyncio.get_running_loop()
         entry = Pending(work, batch_size, self._shape_key(work), level, now,
-                        asyncio.get_running_loop().create_future())
+                        loop.create_future())
         queue.push(entry)
         self._stats.pending += 1
         if self._line is not None:
@@ -93,7 +98,7 @@ class DynamicBatcher:
             # Requests that arrive in the same turn of the event loop (a burst the transports
             # read at once) are looked at together, so they can share a batch and one frame.
             self._schedule_soon = True
-            asyncio.get_running_loop().call_soon(self._scheduled_soon)
+            loop.call_soon(self._scheduled_soon)
         try:
             return await entry.future
         except asyncio.CancelledError:
