@@ -112,7 +112,7 @@ class ModelMetricsCollector:
                 _add(pending, r.labels, r.pending)
                 for kind, ns in r.durations_ns.items():
                     _add(durations[kind], r.labels, ns // 1000)
-                if cached and r.labels is not labels:
+                if cached and "gpu_uuid" in r.labels:
                     for family in cache.values():  # a GPU's reporter counts no cache use
                         _add(family, r.labels, 0)
             _add_histogram(request_hist, labels, _request_buckets(s.request_buckets),

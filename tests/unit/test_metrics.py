@@ -455,7 +455,9 @@ def test_gpu_instances_count_under_their_gpus_uuid_and_the_rest_under_the_model(
     instances = [SimpleNamespace(gpu_uuid=GPU_A, custom_metrics=[]),
                  SimpleNamespace(gpu_uuid=GPU_B, custom_metrics=[]),
                  SimpleNamespace(gpu_uuid="", custom_metrics=[])]
-    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, instances=instances))))
+    stats.cache_hit.add(2_000)
+    out = scrape(ModelMetricsCollector(FakeRegistry(model(stats=stats, instances=instances,
+                                                          cache=True))))
 
     def series(name, **extra):
         return {dict(labels).get("gpu_uuid"): v for (n, labels), v in out.items()
@@ -472,6 +474,7 @@ def test_gpu_instances_count_under_their_gpus_uuid_and_the_rest_under_the_model(
     assert series("nv_inference_queue_duration_us") == {None: 1, GPU_A: 2, GPU_B: 0}
     assert series("nv_inference_pending_request_count") == {None: 4, GPU_A: 0, GPU_B: 0}
     assert series("nv_model_load_duration_secs") == {None: 0.25, GPU_A: 0, GPU_B: 0}
+    assert series("nv_cache_num_hits_per_model") == {None: 1, GPU_A: 0, GPU_B: 0}
     # shmserve's own histograms stay one per version.
     assert series("shmserve_inference_batch_size_count") == {None: 3}
     whole = stats_json(SimpleNamespace(name="m", version=1), stats)
