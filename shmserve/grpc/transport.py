@@ -495,12 +495,7 @@ class _Connection(asyncio.Protocol):
                 or (self._paused is not None and not self._paused.done())
                 or len(data) > self.server.max_message_size):
             return False
-        first_of_burst = not self._flush_scheduled  # as _stream writes it
-        if not self._send_in_one_frame(call, b"\0", data):
-            return False
-        if first_of_burst:
-            self.flush()
-        return True
+        return self._send_in_one_frame(call, b"\0", data)
 
     async def _send_message(self, call: _Call, data: bytes) -> None:
         if call.finished:
@@ -528,14 +523,23 @@ class _Connection(asyncio.Protocol):
             await self._send_large(call, flag + len(data).to_bytes(4, "big"), memoryview(data))
 
     def _send_in_one_frame(self, call: _Call, flag: bytes, data: bytes) -> bool:
-        """Message `data` as one DATA frame, written by the flush_soon it asks for: the
-        common case, no waiting. False when the window or the frame size is too small."""
+        """Message `data` as one DATA frame: the common case, no waiting. False when the
+        window or the frame size is too small.
+
+        A unary call's answer is written by the flush_soon it asks for, with the others of
+        the same turn of the loop. A stream's message is written at once: streamed responses
+        are wanted as they come, and in alternating runs (repeat, 100 responses, c1) the
+        time to first response fell from 734-812 to 686-689 µs (medians of 6-7 rounds),
+        for about 2 % fewer responses/s at c8."""
         conn = self.http2
         sid = call.stream_id
         if len(data) + 5 > min(conn.send_window(sid), conn.max_outbound_frame_size):
             return False
         conn.send_data(sid, flag + len(data).to_bytes(4, "big") + data)
-        self.flush_soon()
+        if call.method.streaming:
+            self.flush()
+        else:
+            self.flush_soon()
         return True
 
     async def _send_large(self, call: _Call, prefix: bytes, view: memoryview) -> None:
