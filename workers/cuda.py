@@ -100,8 +100,11 @@ def gpu_uuid(device: int) -> str:
         return ""
     handle = ctypes.c_int()
     raw = (ctypes.c_ubyte * 16)()
-    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(handle), device) != 0 \
-            or lib.cuDeviceGetUuid(raw, handle) != 0:
+    try:
+        if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(handle), device) != 0 \
+                or lib.cuDeviceGetUuid(raw, handle) != 0:
+            return ""
+    except AttributeError:  # a driver older than the call (CUDA 9.2)
         return ""
     return uuid_text(bytes(raw))
 

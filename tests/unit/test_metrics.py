@@ -545,3 +545,10 @@ def test_a_gpu_worker_names_its_gpu_as_nvml_does(monkeypatch):
     assert asked == [1, 5]
     monkeypatch.setattr(cuda, "_libcuda", lambda: None)
     assert cuda.gpu_uuid(0) == ""
+
+    class OldDriver:  # ctypes raises AttributeError for a symbol the library lacks
+        cuInit = staticmethod(FakeDriver.cuInit)
+        cuDeviceGet = staticmethod(FakeDriver.cuDeviceGet)
+
+    monkeypatch.setattr(cuda, "_libcuda", lambda: OldDriver)
+    assert cuda.gpu_uuid(1) == ""
