@@ -68,7 +68,8 @@ class DataPlane:
                  first_response_histogram: bool = False, tracer: Tracer | None = None):
         """`response_cache`: the server's (--cache-config), used by models that enable it;
         `first_response_histogram`: time each decoupled request's first response, as Triton
-        does with --metrics-config histogram_latencies=true; `tracer`: the trace settings (--trace-config)."""
+        does with --metrics-config histogram_latencies=true; `tracer`: the trace settings
+        (--trace-config)."""
         self.registry = registry
         self.tracer = tracer or Tracer()
         self.response_cache = response_cache

@@ -164,8 +164,8 @@ def test_a_models_custom_metrics_show_on_the_endpoint_summed_over_its_instances(
 
 def test_metrics_config_histogram_and_summary_latencies(test_repository, tmp_path):
     """With histogram_latencies=true a decoupled model's first responses are timed (Triton
-    keeps that histogram for decoupled models only); with counter_latencies=false the duration counters go; summary_latencies
-    gives the quantiles asked for."""
+    keeps that histogram for decoupled models only); with counter_latencies=false the
+    duration counters go; summary_latencies gives the quantiles asked for."""
     server = start_server(test_repository, str(tmp_path / "s.log"),
                           "--model-control-mode=explicit", "--load-model=identity_batch",
                           "--load-model=repeat", "--metrics-config=histogram_latencies=true",

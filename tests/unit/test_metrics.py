@@ -355,8 +355,8 @@ def test_metrics_config_switches_the_latency_counters_and_the_first_response_his
 
 def test_only_decoupled_models_have_a_first_response_histogram():
     """As in Triton, whose model reporters create it for decoupled models only."""
-    out = scrape(ModelMetricsCollector(FakeRegistry(model("plain"), model("stream", decoupled=True)),
-                                       histogram_latencies=True))
+    versions = FakeRegistry(model("plain"), model("stream", decoupled=True))
+    out = scrape(ModelMetricsCollector(versions, histogram_latencies=True))
     models = {dict(labels)["model"] for n, labels in out
               if n == "nv_inference_first_response_histogram_ms_count"}
     assert models == {"stream"}
@@ -371,7 +371,8 @@ def test_model_metrics_set_the_first_response_buckets():
           { metric_identifier { family: "some_other_family" }
             histogram_options { buckets: [ 7 ] } } ] }''')
     assert first_response_bounds_ms(config) == (0.5, 1.0, 50.0)
-    assert first_response_bounds_ms(parse_config_text('backend: "python"')) == (100, 500, 2000, 5000)
+    default = first_response_bounds_ms(parse_config_text('backend: "python"'))
+    assert default == (100, 500, 2000, 5000)
     stats = ModelStats(first_response_bounds_ms=first_response_bounds_ms(config))
     for ms in (0.2, 0.5, 3, 3, 80):
         stats.record_first_response(int(ms * MS))

@@ -300,8 +300,8 @@ def test_a_fault_of_the_server_answers_the_call_with_an_internal_error(caplog):
     async def scenario():
         worker = FakeWorker(Region("arena", 1 << 20))
         calls = ServerCalls(BrokenDataPlane(Region("target", 1 << 20)))
-        calls(worker, messages.ServerCall(1, "infer",
-                                          {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}))
+        infer = {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}
+        calls(worker, messages.ServerCall(1, "infer", infer))
         calls(worker, messages.ServerCall(2, "ready", {"model": "m"}))
         await asyncio.sleep(0.01)
         answers = {r.call_id: r.response.error for r in worker.replies}
