@@ -351,12 +351,14 @@ class DataPlane:
             async for response, final in items:
                 yield _streamed(request, mv, response, final)
 
-    async def run_step(self, request: InferRequest, output_regions: dict, timings):
+    async def run_step(self, request: InferRequest, output_regions: dict, timings,
+                       device_outputs: tuple = ()):
         """One step of an ensemble (scheduling/ensemble.py), run and counted as a request made
         directly to its model, looked up now (a reloaded model serves the next step): an async
         iterator of (WorkResponse or None, final), whose outputs stay where the instance put
         them. Inputs may be RegionSlices (of a client's region, or of another instance's
-        output arena); the outputs named in `output_regions` are written into those slices.
+        output arena) or DeviceTensors; the outputs named in `output_regions` are written into
+        those slices, and those in `device_outputs` kept on the GPU if they were made there.
         The step's compute times are added to `timings` (a BatchTimings)."""
         mv = self.registry.get(request.model_name, request.model_version)
         if request.trace is not None:  # the ensemble's: the step's trace is its child
@@ -365,6 +367,7 @@ class DataPlane:
         for name, piece in output_regions.items():
             work.output_regions[name] = piece
             work.regions.append(piece.region)
+        work.device_outputs = device_outputs
         async with contextlib.aclosing(self._responses(mv, request, work, *admitted,
                                                        timings=timings)) as items:
             async for item in items:

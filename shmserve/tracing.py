@@ -295,9 +295,10 @@ class Trace:
 
     def tensor(self, activity: str, name: str, datatype: str, shape, data) -> None:
         """At the TENSORS level: the tensor's values, as Triton writes them. A tensor whose
-        bytes are elsewhere (None, or none for a non-empty shape: a client's shared memory)
-        is left out."""
-        if self.tensors and data is not None and (len(data) or not all(shape)):
+        bytes are elsewhere (None, or none for a non-empty shape: a client's shared memory;
+        an ensemble step's input in another instance's memory) is left out."""
+        if self.tensors and isinstance(data, (bytes, bytearray, memoryview)) \
+                and (len(data) or not all(shape)):
             self.events.append({"id": self.id, "activity": activity, "tensor": {
                 "name": name, "data": _values(datatype, data),
                 "shape": ",".join(str(d) for d in shape), "dtype": datatype}})

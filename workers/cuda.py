@@ -56,6 +56,13 @@ def from_dlpack(exporter):
     return _cupy().from_dlpack(exporter)
 
 
+def device_copy(array):
+    """A C-contiguous copy of the device array `array`, on its GPU, in memory of this process."""
+    cupy = _cupy()
+    with array.device:
+        return cupy.array(array, copy=True, order="C")
+
+
 def to_numpy(array):
     return _cupy().asnumpy(array)
 
@@ -75,6 +82,11 @@ def open_ipc_handle(raw_handle: bytes, device: int) -> int:
                            "shmserve[gpu])")
     with cupy.cuda.Device(device):
         return cupy.cuda.runtime.ipcOpenMemHandle(raw_handle)
+
+
+def synchronize(device: int) -> None:
+    """Wait for the work this process queued on GPU `device`."""
+    _cupy().cuda.Device(device).synchronize()
 
 
 def close_ipc_handle(pointer: int, device: int) -> None:
@@ -117,6 +129,31 @@ def uuid_text(raw: bytes) -> str:
 def allocation_size(pointer: int, device: int):
     """Bytes from `pointer` to the end of its allocation, or None when the driver cannot say
     (cupy wraps no call for it, so the driver is asked directly)."""
+    found = _address_range(pointer, device)
+    if found is None:
+        return None
+    base, size = found
+    return size - (pointer - base)
+
+
+def export(array) -> tuple:
+    """(cudaIpcMemHandle_t, offset): how another process opens the C-contiguous device array
+    `array`, once the work queued on its GPU is done. A handle names a whole allocation, and
+    cupy's memory pool hands out pieces of larger ones: the offset says where in it."""
+    cupy = _cupy()
+    device = array.device
+    with device:
+        device.synchronize()
+        pointer = array.data.ptr
+        found = _address_range(pointer, device.id)
+        if found is None:
+            raise RuntimeError("the CUDA driver cannot say which allocation holds the array")
+        base, _ = found
+        return cupy.cuda.runtime.ipcGetMemHandle(base), pointer - base
+
+
+def _address_range(pointer: int, device: int):
+    """(base, size) of the allocation that holds `pointer`, or None."""
     lib = _libcuda()
     if lib is None:
         return None
@@ -127,7 +164,7 @@ def allocation_size(pointer: int, device: int):
                                              ctypes.c_uint64(pointer))
     if status != 0:
         return None
-    return size.value - (pointer - base.value)
+    return base.value, size.value
 
 
 def device_bytes(pointer: int, nbytes: int, device: int):

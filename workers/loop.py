@@ -4,7 +4,9 @@ A batch's inputs arrive as one block, inline or in a slot of the input arena; ea
 slice of it, which the model sees as a zero-copy view. Outputs above the inline threshold are
 written into the output arena, whose slots this side allocates and the front hands back with
 `Release` once it has copied them out. Inputs in a client's shared-memory region are views of
-it, and outputs the client asked into its region are written there (see regions.py).
+it, and outputs the client asked into its region are written there (see regions.py). A GPU
+instance keeps the device outputs a request names in `device_outputs` on its GPU, for the next
+instance to read there (see device_tensors.py).
 
 A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
 them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
@@ -34,6 +36,8 @@ from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
+from workers.device_tensors import DeviceInputs, KeptOutputs
+from workers.regions import wants_gpu_inputs
 from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
@@ -61,6 +65,10 @@ class WorkerLoop:
         self._carried = {}  # row -> _RowResponder of a rescheduled request of a decoupled model
         # Mapped and unmapped by whoever reads the frame saying so (see server_calls.py).
         self._regions = reader.regions
+        self._kept = KeptOutputs()
+        self._device_inputs = DeviceInputs(
+            self._kept, gpu_inputs=init.instance_kind == "GPU"
+            and wants_gpu_inputs(init.model_config))
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
@@ -75,6 +83,8 @@ class WorkerLoop:
                     with self._output_lock:
                         for offset in msg.offsets:
                             self._output_alloc.free(offset)
+                    if msg.kept:
+                        self._kept.release(msg.kept)
                 elif isinstance(msg, messages.CheckReady):
                     self._channel.send(messages.ReadyState(self._runner.is_ready()))
                 elif isinstance(msg, messages.Shutdown):
@@ -113,8 +123,9 @@ class WorkerLoop:
                 unreadable[len(requests)] = RunnerResponse([], ("INVALID_ARG", str(exc)), {})
             targets = r.output_regions
             send = self._send_stream_response
-            if targets:
-                send = functools.partial(self._send_stream_response, targets=targets)
+            if targets or r.device_outputs:
+                send = functools.partial(self._send_stream_response, targets=targets,
+                                         on_device=r.device_outputs)
             respond = None
             if decoupled:
                 if not r.ready:
@@ -154,10 +165,11 @@ class WorkerLoop:
         # The model may keep no reference to its inputs past execute (as in Triton), so the
         # views are dropped here and the front may reuse the input slot.
         del requests, runnable, block
+        self._device_inputs.close()
         placing = time.perf_counter_ns()
         # A null request's answer is dropped unread; a rescheduled request's is already empty.
-        frames = [self._frame(resp, r.output_regions) if r.ready else _unread_frame()
-                  for resp, r in zip(responses, msg.requests)]
+        frames = [self._frame(resp, r.output_regions, r.device_outputs) if r.ready
+                  else _unread_frame() for resp, r in zip(responses, msg.requests)]
         # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
@@ -166,7 +178,9 @@ class WorkerLoop:
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location
-        if len(location) == 3:
+        if len(location) == 5:
+            buffer = self._device_inputs.input(location, ref.datatype)
+        elif len(location) == 3:
             buffer = self._regions.input(location, ref.datatype)
             if self._regions.in_host_memory(location[0]):
                 return RunnerInput(ref.name, ref.datatype, ref.shape, buffer, location)
@@ -175,14 +189,18 @@ class WorkerLoop:
             buffer = block[offset:offset + nbytes]
         return RunnerInput(ref.name, ref.datatype, ref.shape, buffer)
 
-    def _frame(self, resp, targets: dict) -> messages.ResponseFrame:
+    def _frame(self, resp, targets: dict, on_device=()) -> messages.ResponseFrame:
         if resp.error is not None:
             return messages.ResponseFrame(list(resp.error), [], resp.parameters, resp.answered)
         outputs = []
         for o in resp.outputs:
             target = targets.get(o.name) if targets else None
             if target is None:
-                location = self._place(o)
+                location = None
+                if on_device and o.name in on_device:
+                    location = self._keep_on_device(o)
+                if location is None:
+                    location = self._place(o)
             else:
                 try:
                     location = self._place_in_region(o, target)
@@ -192,8 +210,9 @@ class WorkerLoop:
             outputs.append(messages.TensorRef(o.name, o.datatype, list(o.shape), location))
         return messages.ResponseFrame(None, outputs, resp.parameters)
 
-    def _send_stream_response(self, row: int, resp, final: bool, targets=None) -> None:
-        frame = None if resp is None else self._frame(resp, targets)
+    def _send_stream_response(self, row: int, resp, final: bool, targets=None,
+                              on_device=()) -> None:
+        frame = None if resp is None else self._frame(resp, targets, on_device)
         self._channel.send(messages.StreamResponse(row, final, frame))
 
     def _place_in_region(self, out, target) -> tuple:
@@ -203,6 +222,20 @@ class WorkerLoop:
             serialized = datatypes.serialize_bytes(arr.reshape(-1))
         nbytes = self._regions.write(target, out.name, arr, serialized)
         return (messages.CLIENT_REGION, target[0], nbytes)
+
+    def _keep_on_device(self, out):
+        """The DEVICE_MEMORY location of an output the model made on the GPU, kept there;
+        None for an output in host memory, or one small enough to travel inline."""
+        arr = out.array
+        if not cuda.is_device_array(arr) or out.datatype == "BYTES" \
+                or arr.nbytes <= self._inline_threshold:
+            return None
+        try:
+            return self._kept.keep(arr)
+        except Exception:  # cupy's CUDA errors have no common base worth naming
+            log.warning("output '%s' cannot be shared on its GPU; it goes through host memory",
+                        out.name, exc_info=True)
+            return None
 
     def _place(self, out):
         """Inline bytes for small outputs, else a slot in the output arena."""

@@ -59,7 +59,19 @@ class WorkInput:
     name: str
     datatype: str
     shape: list
-    data: object  # bytes or memoryview of raw wire bytes, or a RegionSlice
+    data: object  # bytes or memoryview of raw wire bytes, a RegionSlice, or a DeviceTensor
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceTensor:
+    """A tensor a GPU instance keeps in its device memory for another instance to read there
+    (an ensemble's intermediate): the CUDA IPC handle of the allocation it lies in, and where
+    in it. Valid until the release of the response that gave it."""
+
+    raw_handle: bytes
+    device_id: int
+    offset: int
+    nbytes: int
 
 
 @dataclass(slots=True)
@@ -83,6 +95,8 @@ class WorkRequest:
     sequence_slot: int = -1
     ready: bool = True
     trace: object = None  # its tracing.Trace, if sampled
+    # Outputs a GPU instance keeps on its GPU when the model made them there (DeviceTensor).
+    device_outputs: tuple = ()
 
 
 @dataclass(slots=True)
@@ -90,9 +104,11 @@ class WorkOutput:
     name: str
     datatype: str
     shape: list
-    data: object  # bytes (inline; empty when in a client region) or a view of the output arena
+    # bytes (inline; empty when in a client region or on the GPU) or a view of the output arena
+    data: object
     # Where `data` starts in the output arena (see WorkResponse.arena); -1 when not there.
     offset: int = -1
+    device: Optional[DeviceTensor] = None  # where it is, when the instance kept it on its GPU
 
 
 @dataclass(slots=True)
@@ -369,10 +385,10 @@ class WorkerHandle:
             rows.append(row)
         return rows
 
-    def _release_outputs(self, offsets: list, generation: int) -> None:
+    def _release_outputs(self, offsets: list, kept: list, generation: int) -> None:
         if self.alive and generation == self._generation:
             try:
-                self._channel.send(messages.Release(offsets))
+                self._channel.send(messages.Release(offsets, kept))
             except ConnectionError:
                 pass  # the worker is gone, and its arena with it
 
@@ -525,12 +541,19 @@ class WorkerHandle:
                                 parameters=frame.parameters)
         outputs = []
         slots = []
+        kept = []
         for t in frame.outputs:
             loc = t.location
             if isinstance(loc, bytes):
                 data = loc
             elif loc[0] == messages.CLIENT_REGION:
                 data = b""  # the client reads it from its own region
+            elif loc[0] == messages.DEVICE_MEMORY:
+                _, raw_handle, device_id, offset, nbytes, keep_id = loc
+                outputs.append(WorkOutput(t.name, t.datatype, t.shape, b"", device=DeviceTensor(
+                    raw_handle, device_id, offset, nbytes)))
+                kept.append(keep_id)
+                continue
             else:
                 _, offset, nbytes = loc
                 outputs.append(WorkOutput(t.name, t.datatype, t.shape,
@@ -538,11 +561,12 @@ class WorkerHandle:
                 slots.append(offset)
                 continue
             outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-        if not slots:
+        if not slots and not kept:
             return WorkResponse(None, outputs, frame.parameters)
         return WorkResponse(None, outputs, frame.parameters,
-                            functools.partial(self._release_outputs, slots, self._generation),
-                            arena=self._output_region)
+                            functools.partial(self._release_outputs, slots, kept,
+                                              self._generation),
+                            arena=self._output_region if slots else None)
 
     def _on_closed(self, exc) -> None:
         self.alive = False
@@ -686,6 +710,11 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
                 refs.append(messages.TensorRef(t.name, t.datatype, t.shape, (
                     data.region.region_id, data.offset, data.nbytes)))
                 continue
+            if type(data) is DeviceTensor:
+                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, (
+                    messages.DEVICE_MEMORY, data.raw_handle, data.device_id, data.offset,
+                    data.nbytes)))
+                continue
             ref = messages.TensorRef(t.name, t.datatype, t.shape, None)
             refs.append(ref)
             placed.append((ref, data))
@@ -696,7 +725,7 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
-                                            trace_id, trace_context))
+                                            trace_id, trace_context, list(req.device_outputs)))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

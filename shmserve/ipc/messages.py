@@ -8,9 +8,9 @@ The inputs of a batch travel as one block: `Execute.input_block` is either inlin
 slot `[INPUT_ARENA, offset, nbytes]` of the input arena, and an input's location is
 `[offset, nbytes]` within that block. The front lays the block out input-major (each input
 name's tensors of all requests back to back, in batch order; padding between names keeps each
-name's run aligned), so a batched model can view one input of the whole batch as one array. An output's location is inline bytes or a slot
-`[OUTPUT_ARENA, offset, nbytes]` of the output arena, which the worker allocates. The front
-created both arenas for the worker.
+name's run aligned), so a batched model can view one input of the whole batch as one array.
+An output's location is inline bytes or a slot `[OUTPUT_ARENA, offset, nbytes]` of the output
+arena, which the worker allocates. The front created both arenas for the worker.
 
 Tensors in a client's shared-memory region (see shmserve/shared_memory.py) are not in the
 block: an input's location is then `[region_id, offset, nbytes]` within the region, and a
@@ -18,6 +18,15 @@ request's `output_regions` names the slices its outputs go to; the worker writes
 and answers with the location `[CLIENT_REGION, region_id, nbytes]`, metadata only. The front
 sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a region, and
 `UnmapRegion` once the region is unregistered and no request uses it.
+
+A GPU instance keeps the outputs a request names in `device_outputs` (an ensemble's
+intermediates that only GPU steps read) in its device memory, when the model made them there:
+their location is `[DEVICE_MEMORY, raw_handle, device_id, offset, nbytes, keep_id]`, the CUDA
+IPC handle of the allocation they lie in. The front passes `[DEVICE_MEMORY, raw_handle,
+device_id, offset, nbytes]` on as an input of the next step, whose instance opens the handle
+for that batch only and closes it before it answers; then the front sends the producer
+`Release` with the keep ids, and it lets the arrays go. So no handle is open anywhere once the
+memory behind it may be freed.
 
 Each request also names its row of the worker's request table (see request_table.py). A
 decoupled model answers each request with any number of `StreamResponse`s, from any thread,
@@ -40,6 +49,7 @@ from typing import Any, Optional, Union
 INPUT_ARENA = 0  # written by the front, read by the worker
 OUTPUT_ARENA = 1  # written by the worker, read by the front
 CLIENT_REGION = 2  # an output the worker wrote into a client's region
+DEVICE_MEMORY = 3  # a tensor in a GPU instance's device memory
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
  MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY,
@@ -51,9 +61,11 @@ class TensorRef:
     name: str
     datatype: str
     shape: list
-    # Input: (offset, nbytes) within the batch's input block, or (region_id, offset, nbytes).
+    # Input: (offset, nbytes) within the batch's input block, (region_id, offset, nbytes), or
+    # (DEVICE_MEMORY, raw_handle, device_id, offset, nbytes).
     # Output: bytes (inline data), (OUTPUT_ARENA, offset, nbytes), a slot of the output arena,
-    # or (CLIENT_REGION, region_id, nbytes).
+    # (CLIENT_REGION, region_id, nbytes), or (DEVICE_MEMORY, raw_handle, device_id, offset,
+    # nbytes, keep_id).
     location: Union[bytes, tuple, list]
 
     def to_wire(self) -> list:
@@ -158,17 +170,19 @@ class RequestFrame:
     trace_id: int = 0
     # Its OpenTelemetry context (JSON), "" unless it is traced in the opentelemetry mode.
     trace_context: str = ""
+    # Outputs to keep in device memory if the model made them there (DEVICE_MEMORY).
+    device_outputs: list = field(default_factory=list)
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
                 self.output_regions, self.sequence_slot, self.ready, self.trace_id,
-                self.trace_context]
+                self.trace_context, self.device_outputs]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7], w[8], w[9], w[10], w[11])
+                            w[6], w[7], w[8], w[9], w[10], w[11], w[12])
 
 
 @dataclass(slots=True)
@@ -248,16 +262,18 @@ class StreamResponse:
 
 @dataclass(slots=True)
 class Release:
-    """Output-arena slots the front has finished copying out."""
+    """Output-arena slots the front has finished copying out, and the keep ids of device
+    outputs no instance reads any more."""
 
     offsets: list
+    kept: list = field(default_factory=list)
 
     def to_wire(self) -> list:
-        return [RELEASE, self.offsets]
+        return [RELEASE, self.offsets, self.kept]
 
     @staticmethod
     def from_wire(w: list) -> "Release":
-        return Release(w[1])
+        return Release(w[1], w[2])
 
 
 @dataclass(slots=True)

@@ -8,8 +8,10 @@ ensemble output, into the response.
 
 Intermediate tensors travel by reference: a step's output in its instance's output arena is
 handed to the next step as a RegionSlice of that arena (WorkResponse.arena), which the next
-instance maps and reads in place; the front never copies it. The arena slots go back once
-every step (and the response) that uses any output of that step response is done. Outputs
+instance maps and reads in place; the front never copies it. An intermediate that only steps on
+GPU instances read, and that a GPU instance made on its GPU, stays there: it travels as a
+DeviceTensor (see workers/device_tensors.py). The arena slots, and the device arrays, go back
+once every step (and the response) that uses any output of that step response is done. Outputs
 small enough to come back inline travel inline again.
 
 A decoupled step feeds its downstream steps once per response: values are numbered per tensor
@@ -19,9 +21,10 @@ one response on the request's ResponseStream, and the final flag comes alone onc
 left. The first step that fails fails the request with its message ("in ensemble 'name', ..."),
 and the steps still running are cancelled.
 
-Steps run through an injected `run_step(request, output_regions, timings)` (the dataplane's),
-which looks the step's model up at request time (so a reloaded model serves the next request),
-validates and counts it as a direct request to that model, and yields (WorkResponse, final).
+Steps run through an injected `run_step(request, output_regions, timings, device_outputs)`
+(the dataplane's), which looks the step's model up at request time (so a reloaded model serves
+the next request), validates and counts it as a direct request to that model, and yields
+(WorkResponse, final).
 """
 
 import asyncio
@@ -36,7 +39,7 @@ from shmserve.dispatch.worker import BatchTimings, WorkOutput, WorkResponse
 from shmserve.errors import Code, ModelError, ServerError, invalid_arg
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
-from shmserve.proto import DataType
+from shmserve.proto import DataType, ModelInstanceGroup
 from shmserve.shared_memory import RegionSlice
 
 __all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "EnsembleScheduler"]
@@ -52,6 +55,9 @@ class Step:
     batching: bool
     input_dims: dict  # model input -> dims in the model's config (without the batch dim)
     decoupled: bool
+    on_gpu: bool = False  # every instance of the model is on a GPU
+    # Model outputs its instance keeps on the GPU, if made there: only GPU steps read them.
+    device_outputs: tuple = ()
 
 
 @dataclass
@@ -100,6 +106,12 @@ class EnsemblePlan:
                 producer[tensor] = s.index
             for tensor in dict.fromkeys(s.input_map.values()):
                 consumers.setdefault(tensor, []).append(s.index)
+        outputs = {t.name for t in config.output}
+        for s in plan_steps:
+            s.device_outputs = tuple(
+                o for o, tensor in s.output_map.items()
+                if tensor not in outputs and tensor in consumers
+                and all(plan_steps[i].on_gpu for i in consumers[tensor]))
         return EnsemblePlan(
             name=name, batching=batching, steps=plan_steps,
             inputs=tuple(t.name for t in config.input),
@@ -250,7 +262,9 @@ def _check_step(ensemble: str, max_batch_size: int, index: int, step, model,
                 model_version="" if step.model_version < 0 else str(step.model_version),
                 input_map=dict(step.input_map), output_map=dict(step.output_map),
                 batching=batching, input_dims={t.name: list(t.dims) for t in model.input},
-                decoupled=model.model_transaction_policy.decoupled)
+                decoupled=model.model_transaction_policy.decoupled,
+                on_gpu=bool(model.instance_group) and all(
+                    g.kind == ModelInstanceGroup.KIND_GPU for g in model.instance_group))
 
 
 def _agree(where: str, tensor: str, shapes: dict, node: _Node) -> None:
@@ -367,7 +381,8 @@ class _Value:
     datatype: str
     shape: list
     data: object  # bytes or memoryview, b"" for an output in a client's region, None: absent
-    ref: Optional[RegionSlice]  # where a next step reads it in place, if not inline
+    # Where a next step reads it in place, if not inline: a RegionSlice or a DeviceTensor.
+    ref: Optional[object]
     batch_size: int  # 0 when it comes from a model that does not batch
     held: Optional[_Held]
     uses: int = 0  # steps (and the response) that still have to take it
@@ -501,7 +516,8 @@ class _Run:
 
     async def _step(self, step: Step, request, batch: int, held: list, limit) -> None:
         try:
-            responses = self.run_step(request, self.regions.get(step.index, {}), self.timings)
+            responses = self.run_step(request, self.regions.get(step.index, {}), self.timings,
+                                      step.device_outputs)
             async with contextlib.aclosing(responses):
                 async for response, _ in responses:
                     if response is None:
@@ -530,7 +546,9 @@ class _Run:
                 tensor = step.output_map.get(o.name)
                 if tensor is None:
                     continue
-                if o.offset >= 0:
+                if o.device is not None:
+                    ref = o.device
+                elif o.offset >= 0:
                     ref = RegionSlice(response.arena, o.offset, len(o.data))
                 elif targets and o.name in targets:
                     ref = _written(targets[o.name], o, tensor)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from shmserve.dispatch import worker
-from shmserve.dispatch.worker import WorkerHandle, WorkInput, WorkRequest
-from shmserve.ipc import datatypes
+from shmserve.dispatch.worker import DeviceTensor, WorkerHandle, WorkInput, WorkRequest
+from shmserve.ipc import datatypes, messages
 
 CONFIG = {
     "name": "block",
@@ -120,6 +120,36 @@ def test_layout_is_input_major_with_aligned_runs():
         for t, ref in zip(request.inputs, frame.inputs):
             offset, nbytes = ref.location
             assert block[offset:offset + nbytes] == t.data
+
+
+def test_a_tensor_on_another_instances_gpu_travels_by_handle_not_in_the_block():
+    device = DeviceTensor(b"h" * 64, 1, 512, 4096)
+    batch = [WorkRequest("r0", 0, 0, {}, [WorkInput("A", "FP32", [1024], device),
+                                          WorkInput("B", "INT8", [3], b"bbb")], ["OUT"],
+                         device_outputs=("OUT",))]
+    (frame,), pieces, size = worker._layout(batch, [0])
+    assert b"".join(pieces) == b"bbb" and size == 3
+    assert frame.inputs[0].location == (messages.DEVICE_MEMORY, b"h" * 64, 1, 512, 4096)
+    assert frame.device_outputs == ["OUT"]
+
+
+def test_an_output_kept_on_the_gpu_is_released_with_the_arena_slots():
+    handle = WorkerHandle(model_name="m", model_version=1, model_dir="", model_repository="",
+                          model_config={}, instance_name="m_0", instance_kind="GPU",
+                          device_id=0)
+    sent = []
+    handle._channel = type("Channel", (), {"send": staticmethod(sent.append)})()
+    handle.alive = True
+    response = handle._response(messages.ResponseFrame(None, [
+        messages.TensorRef("MID", "FP32", [1024], [messages.DEVICE_MEMORY, b"h" * 64, 0, 256,
+                                                   4096, 7]),
+        messages.TensorRef("SMALL", "INT8", [2], b"xy")]))
+    mid, small = response.outputs
+    assert mid.device == DeviceTensor(b"h" * 64, 0, 256, 4096) and mid.data == b""
+    assert small.device is None and small.data == b"xy"
+    assert response.arena is None  # nothing of it is in the output arena
+    response.release()
+    assert sent == [messages.Release([], [7])]
 
 
 @pytest.mark.parametrize("elements,arena_blocks", [(3, 0), (40_000, 1)],

@@ -8,7 +8,8 @@ import pytest
 from google.protobuf import text_format
 
 from shmserve.dispatch.stream import ResponseStream
-from shmserve.dispatch.worker import WorkInput, WorkOutput, WorkRequest, WorkResponse
+from shmserve.dispatch.worker import (DeviceTensor, WorkInput, WorkOutput, WorkRequest,
+                                      WorkResponse)
 from shmserve.errors import Code, ServerError
 from shmserve.proto import ModelConfig
 from shmserve.scheduling.ensemble import EnsemblePlan, EnsembleScheduler
@@ -144,13 +145,15 @@ class FakeSteps:
 
     def __init__(self, repeats=1, fail=None):
         self.calls = []  # the InferRequests of the steps, in order
+        self.device_outputs = []  # what each step was asked to keep on its GPU
         self.released = []  # arenas whose slots were released
         self.repeats = repeats
         self.fail = fail
         self.cancelled = 0
 
-    async def __call__(self, request, output_regions, timings):
+    async def __call__(self, request, output_regions, timings, device_outputs=()):
         self.calls.append(request)
+        self.device_outputs.append(device_outputs)
         if request.model_name == "slow":
             try:
                 await asyncio.sleep(10)
@@ -166,11 +169,17 @@ class FakeSteps:
                 yield self.response(request, {"OUT": b"%d" % k}), False
             yield None, True
             return
-        yield self.response(request, {"OUTPUT0": b"sum", "OUTPUT1": b"dif"}), True
+        yield self.response(request, {"OUTPUT0": b"sum", "OUTPUT1": b"dif"},
+                            device_outputs), True
 
-    def response(self, request, outputs):
+    def response(self, request, outputs, device_outputs=()):
+        """Outputs in a fake output arena; those named in `device_outputs` "on a GPU", as
+        DeviceTensors."""
         arena = SystemRegion(f"arena{len(self.calls)}", 1 << 20, key="/x")
-        outs = [WorkOutput(name, "FP32", [4], memoryview(data), 64 * i)
+        outs = [WorkOutput(name, "FP32", [4], b"", device=DeviceTensor(
+                    b"handle%d" % len(self.calls), 0, 64 * i, 16))
+                if name in device_outputs else
+                WorkOutput(name, "FP32", [4], memoryview(data), 64 * i)
                 for i, (name, data) in enumerate(outputs.items())]
         return WorkResponse(None, outs, release=lambda: self.released.append(arena),
                             arena=arena)
@@ -205,6 +214,37 @@ def test_intermediates_reach_the_next_step_as_references():
         # Its queue time is until the first step started: short, but counted (Triton does).
         assert timings.compute_infer_ns == 20 and 0 < queue_ns < 10**9
         assert stats.execution_count == 1
+
+    asyncio.run(main())
+
+
+GPU_ADD_SUB = ADD_SUB + ' instance_group [ { kind: KIND_GPU } ]'
+
+
+def test_intermediates_only_gpu_steps_read_are_kept_on_the_gpu(monkeypatch):
+    monkeypatch.setitem(MODELS, "add_sub", GPU_ADD_SUB)
+    first, second = plan().steps
+    # DIFF is read by the second step alone, on a GPU; SUM is also an ensemble output, which
+    # the front sends to the client; X and Y are ensemble outputs only.
+    assert (first.device_outputs, second.device_outputs) == (("OUTPUT1",), ())
+    monkeypatch.setitem(MODELS, "add_sub", ADD_SUB)  # no instance group: on the CPU
+    assert [s.device_outputs for s in plan().steps] == [(), ()]
+
+
+def test_an_intermediate_kept_on_the_gpu_reaches_the_next_step_there(monkeypatch):
+    monkeypatch.setitem(MODELS, "add_sub", GPU_ADD_SUB)
+
+    async def main():
+        steps = FakeSteps()
+        response, _, _ = await EnsembleScheduler(plan(), steps, ModelStats()).submit(work())
+        assert steps.device_outputs == [("OUTPUT1",), ()]
+        second = {t.name: t.data for t in steps.calls[1].inputs}
+        assert second["INPUT1"] == DeviceTensor(b"handle1", 0, 64, 16)
+        assert type(second["INPUT0"]) is RegionSlice
+        # SUM is still in the response: the first step's outputs are held until it goes.
+        assert steps.released == []
+        response.release()
+        assert sorted(r.name for r in steps.released) == ["arena1", "arena2"]
 
     asyncio.run(main())
 

@@ -18,7 +18,7 @@ SAMPLES = [
                               [messages.TensorRef("IN", "FP32", [1, 4], [0, 16]),
                                messages.TensorRef("BIG", "UINT8", [1, 1 << 20], [64, 1 << 20])],
                               ["OUT"], 0),
-        messages.RequestFrame("id-2", 0, 0, {}, [], [], 65535, trace_id=5,
+        messages.RequestFrame("id-2", 0, 0, {}, [], [], 65535, trace_id=5, device_outputs=["O"],
                               trace_context='{"traceparent":"00-0af7651916cd43dd8448eb211c12666c-'
                                             'b7ad6b7169242424-01"}')]),
     messages.Execute(8, b"\x01" * 24, [
@@ -35,6 +35,7 @@ SAMPLES = [
     messages.StreamResponse(3, False, messages.ResponseFrame(["INVALID_ARG", "bad"], [], {})),
     messages.StreamResponse(3, True, None),
     messages.Release([0, 64, 128]),
+    messages.Release([], [3, 4]),
     messages.Shutdown(),
     messages.Bye(),
 ]

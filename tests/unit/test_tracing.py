@@ -6,8 +6,10 @@ import struct
 
 import pytest
 
+from shmserve.dispatch.worker import DeviceTensor
 from shmserve.errors import Code, ServerError
 from shmserve.otel import OtelSettings
+from shmserve.shared_memory import RegionSlice, SystemRegion
 from shmserve.tracing import (TraceFile, TraceSettings, Tracer, _values, parse_changes,
                               settings_from_flags)
 
@@ -135,6 +137,10 @@ def test_levels_decide_what_a_trace_keeps(tmp_path):
     trace.tensor("TENSOR_QUEUE_INPUT", "X", "INT32", [2], struct.pack("<2i", 7, -1))
     trace.tensor("TENSOR_QUEUE_INPUT", "IN_SHM", "INT32", [2], b"")  # in shared memory
     trace.tensor("TENSOR_QUEUE_INPUT", "EMPTY", "INT32", [0], b"")
+    # An ensemble step's inputs in another instance's memory (a RegionSlice, a DeviceTensor).
+    trace.tensor("TENSOR_QUEUE_INPUT", "IN_ARENA", "INT32", [2],
+                 RegionSlice(SystemRegion("arena", 64), 0, 8))
+    trace.tensor("TENSOR_QUEUE_INPUT", "IN_GPU", "INT32", [2], DeviceTensor(b"h", 0, 0, 8))
     assert trace.events == [
         {"id": 1, "activity": "TENSOR_QUEUE_INPUT",
          "tensor": {"name": "X", "data": "7,-1", "shape": "2", "dtype": "INT32"}},
