@@ -155,12 +155,17 @@ def measure(case: Case, seconds: float) -> dict:
             "infer_per_s": len(times) / sum(times)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str):
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--sizes-mib", type=int, nargs="+", default=[4, 64])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def measure_all(write_repository, make_case, modes, args, extra=lambda nbytes: {}) -> dict:
+    """Serve the repository `write_repository(root)` writes, and measure `make_case(client,
+    mode, nbytes)` for each of `modes` at each size; `extra(nbytes)` adds figures of a size."""
     cupy.cuda.set_allocator(None)  # whole allocations: an IPC handle names one
     results = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cases": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,11 +176,11 @@ def main() -> int:
         try:
             client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
             for mib in args.sizes_mib:
-                floors = copy_floor_ms(mib * MIB)
-                for mode in MODES:
-                    case = Case(client, mode, mib * MIB)
+                figures = extra(mib * MIB)
+                for mode in modes:
+                    case = make_case(client, mode, mib * MIB)
                     try:
-                        results["cases"].append({"mode": mode, "mib": mib, **floors,
+                        results["cases"].append({"mode": mode, "mib": mib, **figures,
                                                  **measure(case, args.seconds)})
                     finally:
                         case.close()
@@ -184,16 +189,31 @@ def main() -> int:
             leftovers = server.stop()
             if leftovers:
                 print(f"shmserve left processes behind: {leftovers}", file=sys.stderr)
+    return results
+
+
+def report(results: dict, args, columns: list) -> None:
+    """Print the cases as a table of `columns` ((title, key), after size and mode), and write
+    them to --out."""
     lines = [f"shmserve on {results['gpu']}, one gRPC client, one request at a time\n",
-             "| MiB | mode | p50 ms | p99 ms | infer/s | D2D copy ms | H2D copy ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| MiB | mode | " + " | ".join(title for title, _ in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
     for c in results["cases"]:
-        lines.append(f"| {c['mib']} | {c['mode']} | {c['p50_ms']:.3f} | {c['p99_ms']:.3f} | "
-                     f"{c['infer_per_s']:.1f} | {c['device to device']:.3f} | "
-                     f"{c['host to device']:.3f} |")
+        lines.append(f"| {c['mib']} | {c['mode']} | "
+                     + " | ".join(f"{c[key]:.3f}" for _, key in columns) + " |")
     print("\n".join(lines))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+
+
+TIMES = [("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("infer/s", "infer_per_s")]
+
+
+def main() -> int:
+    args = arguments(__doc__)
+    results = measure_all(write_repository, Case, MODES, args, extra=copy_floor_ms)
+    report(results, args, TIMES + [("D2D copy ms", "device to device"),
+                                   ("H2D copy ms", "host to device")])
     return 0
 
 
