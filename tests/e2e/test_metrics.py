@@ -214,6 +214,8 @@ def test_metric_tags_become_labels_of_the_models_series(test_repository, tmp_pat
     config = {"backend": "python", "max_batch_size": 8,
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+              # On the CPU: a GPU instance's series would carry its GPU's UUID too.
+              "instance_group": [{"kind": "KIND_CPU"}],
               "metric_tags": {"team": "search", "tier": "gold"}}
     try:
         with httpclient.InferenceServerClient(server.http_url) as client:

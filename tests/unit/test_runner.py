@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from shmserve.ipc import datatypes
-from workers import runner as runner_module
 from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
 
 CONFIG = {
