@@ -725,7 +725,7 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
-                                            trace_id, trace_context, list(req.device_outputs)))
+                                            trace_id, trace_context, req.device_outputs))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

@@ -171,7 +171,7 @@ class RequestFrame:
     # Its OpenTelemetry context (JSON), "" unless it is traced in the opentelemetry mode.
     trace_context: str = ""
     # Outputs to keep in device memory if the model made them there (DEVICE_MEMORY).
-    device_outputs: list = field(default_factory=list)
+    device_outputs: Union[list, tuple] = field(default_factory=list)
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,

@@ -130,7 +130,7 @@ def test_a_tensor_on_another_instances_gpu_travels_by_handle_not_in_the_block():
     (frame,), pieces, size = worker._layout(batch, [0])
     assert b"".join(pieces) == b"bbb" and size == 3
     assert frame.inputs[0].location == (messages.DEVICE_MEMORY, b"h" * 64, 1, 512, 4096)
-    assert frame.device_outputs == ["OUT"]
+    assert frame.device_outputs == ("OUT",)
 
 
 def test_an_output_kept_on_the_gpu_is_released_with_the_arena_slots():
