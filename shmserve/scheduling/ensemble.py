@@ -55,7 +55,6 @@ class Step:
     batching: bool
     input_dims: dict  # model input -> dims in the model's config (without the batch dim)
     decoupled: bool
-    on_gpu: bool = False  # every instance of the model is on a GPU
     # Model outputs its instance keeps on the GPU, if made there: only GPU steps read them.
     device_outputs: tuple = ()
 
@@ -94,10 +93,14 @@ class EnsemblePlan:
             dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
             shapes[t.name] = _node(t.data_type, dims, batching, name)
         plan_steps = []
+        on_gpu = set()  # indexes of the steps whose model has only GPU instances
         for index, step in enumerate(config.ensemble_scheduling.step):
             model = step_config(step.model_name, step.model_version)
             plan_steps.append(_check_step(name, config.max_batch_size, index, step, model,
                                           shapes))
+            if model.instance_group and all(g.kind == ModelInstanceGroup.KIND_GPU
+                                            for g in model.instance_group):
+                on_gpu.add(index)
         decoupled = _decoupled_flow(name, config, plan_steps)
         producer = {}
         consumers = {}
@@ -111,7 +114,7 @@ class EnsemblePlan:
             s.device_outputs = tuple(
                 o for o, tensor in s.output_map.items()
                 if tensor not in outputs and tensor in consumers
-                and all(plan_steps[i].on_gpu for i in consumers[tensor]))
+                and on_gpu.issuperset(consumers[tensor]))
         return EnsemblePlan(
             name=name, batching=batching, steps=plan_steps,
             inputs=tuple(t.name for t in config.input),
@@ -262,9 +265,7 @@ def _check_step(ensemble: str, max_batch_size: int, index: int, step, model,
                 model_version="" if step.model_version < 0 else str(step.model_version),
                 input_map=dict(step.input_map), output_map=dict(step.output_map),
                 batching=batching, input_dims={t.name: list(t.dims) for t in model.input},
-                decoupled=model.model_transaction_policy.decoupled,
-                on_gpu=bool(model.instance_group) and all(
-                    g.kind == ModelInstanceGroup.KIND_GPU for g in model.instance_group))
+                decoupled=model.model_transaction_policy.decoupled)
 
 
 def _agree(where: str, tensor: str, shapes: dict, node: _Node) -> None:
