@@ -16,6 +16,7 @@ import threading
 
 from shmserve.ipc import messages
 from workers import cuda
+from workers.regions import ClientRegions
 
 
 class KeptOutputs:
@@ -63,11 +64,11 @@ class KeptOutputs:
 class DeviceInputs:
     """Inputs of one batch that lie in other instances' device memory."""
 
-    def __init__(self, kept: KeptOutputs, *, gpu_inputs: bool):
+    def __init__(self, kept: KeptOutputs, regions: ClientRegions):
         self._kept = kept
-        # Whether the model takes GPU inputs (see regions.wants_gpu_inputs); if not, it gets
-        # a host copy, as from a client's CUDA region.
-        self._gpu_inputs = gpu_inputs
+        # The model gets these as it gets a client's CUDA region: on the GPU if it asked for
+        # GPU inputs, else as a host copy.
+        self._regions = regions
         self._opened: list = []  # (pointer, device) of the handles this batch opened
 
     def input(self, location, datatype: str):
@@ -85,10 +86,8 @@ class DeviceInputs:
                                  f"opened: {exc}") from None
             # Opening one handle twice counts twice, so each open is closed.
             self._opened.append((base, device))
-        view = cuda.device_bytes(base + offset, nbytes, device)
-        if self._gpu_inputs and datatype != "BYTES":
-            return view
-        return memoryview(cuda.to_numpy(view))
+        return self._regions.for_model(cuda.device_bytes(base + offset, nbytes, device),
+                                       datatype)
 
     def close(self) -> None:
         """The batch is done, and the model holds no input past it (as in Triton). Work it

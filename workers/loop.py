@@ -37,7 +37,6 @@ from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
 from workers.device_tensors import DeviceInputs, KeptOutputs
-from workers.regions import wants_gpu_inputs
 from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
@@ -66,9 +65,7 @@ class WorkerLoop:
         # Mapped and unmapped by whoever reads the frame saying so (see server_calls.py).
         self._regions = reader.regions
         self._kept = KeptOutputs()
-        self._device_inputs = DeviceInputs(
-            self._kept, gpu_inputs=init.instance_kind == "GPU"
-            and wants_gpu_inputs(init.model_config))
+        self._device_inputs = DeviceInputs(self._kept, self._regions)
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""

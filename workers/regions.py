@@ -104,9 +104,14 @@ class ClientRegions:
         view = mapping.view(offset, nbytes)
         if isinstance(mapping, Segment):
             return view
+        return self.for_model(view, datatype)
+
+    def for_model(self, device_view, datatype: str):
+        """A tensor in device memory as the model takes it: the cupy view itself, or a host
+        copy (a memoryview)."""
         if self._gpu_inputs and datatype != "BYTES":
-            return view
-        return memoryview(cuda.to_numpy(view))
+            return device_view
+        return memoryview(cuda.to_numpy(device_view))
 
     def in_host_memory(self, region_id: int) -> bool:
         """Whether the region is mapped here as system shared memory (not CUDA)."""

@@ -10,6 +10,7 @@ import pytest
 from shmserve.ipc import messages
 from workers import cuda
 from workers.device_tensors import DeviceInputs, KeptOutputs
+from workers.regions import ClientRegions
 
 
 class DeviceArray(np.ndarray):
@@ -102,7 +103,7 @@ def test_a_kept_output_is_described_by_its_allocations_handle_until_released(dri
 
 
 def test_a_reader_opens_another_instances_handle_for_one_batch(driver):
-    inputs = DeviceInputs(KeptOutputs(), gpu_inputs=True)
+    inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=True))
     view = inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 4, 3], "UINT8")
     assert isinstance(view, DeviceArray) and bytes(view) == bytes([104, 105, 106])
     inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 0, 1], "UINT8")
@@ -115,7 +116,7 @@ def test_a_reader_opens_another_instances_handle_for_one_batch(driver):
 
 
 def test_a_model_that_takes_host_inputs_gets_a_host_copy(driver):
-    inputs = DeviceInputs(KeptOutputs(), gpu_inputs=False)
+    inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=False))
     view = inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 0, 2], "UINT8")
     assert isinstance(view, memoryview) and bytes(view) == bytes([100, 101])
     inputs.close()
@@ -125,14 +126,14 @@ def test_a_model_that_takes_host_inputs_gets_a_host_copy(driver):
 def test_a_tensor_this_instance_kept_is_read_without_opening_its_handle(driver):
     kept = KeptOutputs()
     location = kept.keep(_with_device(driver.array_at(0x1000, 8, 4)))
-    inputs = DeviceInputs(kept, gpu_inputs=True)
+    inputs = DeviceInputs(kept, ClientRegions(gpu_inputs=True))
     assert bytes(inputs.input(location[:5], "UINT8")) == bytes([8, 9, 10, 11])
     inputs.close()
     assert driver.opened == [] and driver.closed == []
 
 
 def test_a_handle_that_cannot_be_opened_is_a_clear_error(driver):
-    inputs = DeviceInputs(KeptOutputs(), gpu_inputs=True)
+    inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=True))
     with pytest.raises(ValueError, match="another instance's output cannot be opened: "
                                          "cudaErrorInvalidResourceHandle"):
         inputs.input([messages.DEVICE_MEMORY, b"gone", 0, 0, 4], "FP32")
