@@ -1,0 +1,66 @@
+"""The cyclic garbage collector of the front process, set for serving.
+
+Python collects its youngest generation whenever container objects allocated and still alive
+outnumber those freed by 700. A busy front has a few thousand such objects in flight
+(futures, coroutines, frames, the lists of a batch), so at gRPC concurrency 32 on the 2-core
+reference machine it ran a young collection every 45 requests, about 85 µs each: 2 µs of
+every request, on the one thread all requests pass through. With the threshold at
+YOUNG_THRESHOLD requests trigger no collection there (what they allocate, they free; cycles
+are rare). perf_analyzer, identity_fp32, alternating server runs: gRPC c32 11,319 -> 11,929
+infer/s on average (6 runs each, every pair better), HTTP c64 12,178 -> 12,581 (4 each).
+
+A count of objects says nothing of their size, though: a cycle that holds a request's tensors
+(an exception kept with its traceback, say) would wait for 10,000 more objects, however long
+that takes. So a timer collects the young generations every SWEEP_S, and everything every
+FULL_EVERY sweeps: garbage lives about a second at most, for a collection that costs well
+under a millisecond a second.
+"""
+
+import asyncio
+import gc
+
+YOUNG_THRESHOLD = 10_000
+SWEEP_S = 1.0
+FULL_EVERY = 10
+
+
+class Collector:
+    def __init__(self, young_threshold: int = YOUNG_THRESHOLD, sweep_s: float = SWEEP_S,
+                 full_every: int = FULL_EVERY):
+        self._young_threshold = young_threshold
+        self._sweep_s = sweep_s
+        self._full_every = full_every
+        self._saved = None
+        self._sweeps = 0
+        self._timer = None
+        self._loop = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called once startup has built what lives as long as the server."""
+        # Out of the collector's sight, a full collection scans only what requests leave
+        # behind: on the 2-core reference machine full collections took 20-40 ms, several
+        # times a second under load, and set the p99 latency.
+        gc.freeze()
+        if self._saved is None:
+            self._saved = gc.get_threshold()
+            gc.set_threshold(self._young_threshold, *self._saved[1:])
+        self._loop = loop
+        self._schedule()
+
+    def stop(self) -> None:
+        """The process's own settings again (an application embedding the server keeps
+        running)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._saved is not None:
+            gc.set_threshold(*self._saved)
+            self._saved = None
+
+    def _schedule(self) -> None:
+        self._timer = self._loop.call_later(self._sweep_s, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeps += 1
+        gc.collect(2 if self._sweeps % self._full_every == 0 else 1)
+        self._schedule()

@@ -1,0 +1,107 @@
+"""Collector: requests no longer trigger young collections, a timer collects instead, and
+stopping gives the process its own settings back."""
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+from shmserve.collector import Collector
+
+
+@pytest.fixture(autouse=True)
+def own_settings():
+    saved = gc.get_threshold()
+    yield
+    gc.set_threshold(*saved)
+    gc.unfreeze()
+
+
+class Cyclic:
+    def __init__(self):
+        self.me = self
+
+
+def garbage_cycle() -> weakref.ref:
+    """A weak reference to an object only a reference cycle keeps alive."""
+    return weakref.ref(Cyclic())
+
+
+def test_start_raises_only_the_young_threshold_and_stop_restores_it():
+    gc.set_threshold(700, 11, 12)
+    collector = Collector(young_threshold=12_345)
+
+    async def run():
+        collector.start(asyncio.get_running_loop())
+        assert gc.get_threshold() == (12_345, 11, 12)
+        assert gc.get_freeze_count() > 0  # what startup built is out of the collector's sight
+        collector.stop()
+
+    asyncio.run(run())
+    assert gc.get_threshold() == (700, 11, 12)
+
+
+def test_stop_without_start_leaves_the_settings():
+    gc.set_threshold(700, 10, 10)
+    Collector().stop()
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+@pytest.mark.parametrize("sweep_s, collected", [(0.02, True), (60.0, False)])
+def test_garbage_cycles_wait_for_the_sweep_not_for_the_threshold(sweep_s, collected):
+    # No request-sized burst of objects reaches this threshold: only the timer collects.
+    collector = Collector(young_threshold=10_000_000, sweep_s=sweep_s)
+
+    async def run():
+        collector.start(asyncio.get_running_loop())
+        try:
+            ref = garbage_cycle()
+            assert ref() is not None
+            await asyncio.sleep(0.2)
+            return ref() is None
+        finally:
+            collector.stop()
+
+    assert asyncio.run(run()) is collected
+
+
+def test_every_few_sweeps_collect_everything():
+    generations = []
+
+    def record(phase, info):
+        if phase == "start":
+            generations.append(info["generation"])
+
+    collector = Collector(young_threshold=10_000_000, sweep_s=0.01, full_every=3)
+
+    async def run():
+        collector.start(asyncio.get_running_loop())
+        gc.callbacks.append(record)
+        try:
+            while len(generations) < 6:
+                await asyncio.sleep(0.01)
+        finally:
+            gc.callbacks.remove(record)
+            collector.stop()
+
+    asyncio.run(run())
+    assert generations[:6] == [1, 1, 2, 1, 1, 2]
+
+
+def test_a_stopped_collector_sweeps_no_more():
+    collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
+    swept = []
+
+    async def run():
+        collector.start(asyncio.get_running_loop())
+        collector.stop()
+        gc.set_threshold(10_000_000)  # no collection of the interpreter's own meanwhile
+        gc.callbacks.append(lambda phase, info: swept.append(info["generation"]))
+        try:
+            await asyncio.sleep(0.1)
+        finally:
+            gc.callbacks.pop()
+
+    asyncio.run(run())
+    assert swept == []
