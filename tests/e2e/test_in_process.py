@@ -1,6 +1,7 @@
 """The in-process API: an application embeds `Server` (and may import tritonclient too)."""
 
 import asyncio
+import gc
 import os
 
 import numpy as np
@@ -18,9 +19,11 @@ def test_embedded_server_infers_without_endpoints():
     async def run():
         server = Server(Options(model_repository=[os.path.join(ROOT, "model_repository")],
                                 allow_http=False, allow_grpc=False, allow_metrics=False))
+        own_thresholds = gc.get_threshold()
         await server.start()
         try:
             assert server.dataplane.server_ready()
+            assert gc.get_threshold()[0] > own_thresholds[0]  # see collector.py
             a = np.arange(4, dtype=np.float32)
             request = InferRequest("add_sub", inputs=[
                 InputTensor("INPUT0", "FP32", [4], a.tobytes()),
@@ -39,6 +42,7 @@ def test_embedded_server_infers_without_endpoints():
         finally:
             await server.stop()
         assert not server.dataplane.server_live()
+        assert gc.get_threshold() == own_thresholds  # the application's own again
         with pytest.raises(ServerError) as e:
             await server.infer(request)
         assert e.value.code == Code.UNAVAILABLE
