@@ -30,7 +30,7 @@ class Collector:
         self._young_threshold = young_threshold
         self._sweep_s = sweep_s
         self._full_every = full_every
-        self._saved = None
+        self._saved = None  # the process's own thresholds, while started
         self._sweeps = 0
         self._timer = None
         self._loop = None
@@ -41,21 +41,21 @@ class Collector:
         # behind: on the 2-core reference machine full collections took 20-40 ms, several
         # times a second under load, and set the p99 latency.
         gc.freeze()
-        if self._saved is None:
-            self._saved = gc.get_threshold()
-            gc.set_threshold(self._young_threshold, *self._saved[1:])
+        if self._saved is not None:
+            return
+        self._saved = gc.get_threshold()
+        gc.set_threshold(self._young_threshold, *self._saved[1:])
         self._loop = loop
         self._schedule()
 
     def stop(self) -> None:
         """The process's own settings again (an application embedding the server keeps
         running)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._saved is not None:
-            gc.set_threshold(*self._saved)
-            self._saved = None
+        if self._saved is None:
+            return
+        self._timer.cancel()
+        gc.set_threshold(*self._saved)
+        self._saved = self._timer = None
 
     def _schedule(self) -> None:
         self._timer = self._loop.call_later(self._sweep_s, self._sweep)

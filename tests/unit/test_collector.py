@@ -105,3 +105,25 @@ def test_a_stopped_collector_sweeps_no_more():
 
     asyncio.run(run())
     assert swept == []
+
+
+def test_a_second_start_keeps_one_timer_and_the_thresholds_to_restore():
+    gc.set_threshold(700, 10, 10)
+    collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
+    swept = []
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        collector.start(loop)
+        collector.start(loop)
+        collector.stop()
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(10_000_000)
+        gc.callbacks.append(lambda phase, info: swept.append(info["generation"]))
+        try:
+            await asyncio.sleep(0.1)
+        finally:
+            gc.callbacks.pop()
+
+    asyncio.run(run())
+    assert swept == []
