@@ -89,28 +89,37 @@ def test_every_few_sweeps_collect_everything():
     assert generations[:6] == [1, 1, 2, 1, 1, 2]
 
 
+async def collections_during(seconds: float) -> list:
+    """The generations collected meanwhile, with the interpreter's own collections off."""
+    gc.set_threshold(10_000_000)
+    collected = []
+
+    def record(phase, info):
+        if phase == "start":
+            collected.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        gc.callbacks.remove(record)
+    return collected
+
+
 def test_a_stopped_collector_sweeps_no_more():
     collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
-    swept = []
 
     async def run():
         collector.start(asyncio.get_running_loop())
         collector.stop()
-        gc.set_threshold(10_000_000)  # no collection of the interpreter's own meanwhile
-        gc.callbacks.append(lambda phase, info: swept.append(info["generation"]))
-        try:
-            await asyncio.sleep(0.1)
-        finally:
-            gc.callbacks.pop()
+        return await collections_during(0.1)
 
-    asyncio.run(run())
-    assert swept == []
+    assert asyncio.run(run()) == []
 
 
 def test_a_second_start_keeps_one_timer_and_the_thresholds_to_restore():
     gc.set_threshold(700, 10, 10)
     collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
-    swept = []
 
     async def run():
         loop = asyncio.get_running_loop()
@@ -118,12 +127,6 @@ def test_a_second_start_keeps_one_timer_and_the_thresholds_to_restore():
         collector.start(loop)
         collector.stop()
         assert gc.get_threshold() == (700, 10, 10)
-        gc.set_threshold(10_000_000)
-        gc.callbacks.append(lambda phase, info: swept.append(info["generation"]))
-        try:
-            await asyncio.sleep(0.1)
-        finally:
-            gc.callbacks.pop()
+        return await collections_during(0.1)
 
-    asyncio.run(run())
-    assert swept == []
+    assert asyncio.run(run()) == []
