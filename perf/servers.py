@@ -210,13 +210,10 @@ class TritonServer(Server):
         env = dict(os.environ, ANCHORS=str(self.anchors), TRITON_REPO=str(self.model_repository),
                    TRITON_LOG=str(self.log_path))
         self.started = True
-        # In a session of its own, as shmserve is (see ShmServer): where the kernel groups
-        # threads by session for scheduling (autogroup), a server in the client's session
-        # shares the client's group, and on the 2-core reference machine that made Triton 8 %
-        # faster at HTTP concurrency 8 and 18 % at gRPC 32 than in a session of its own.
+        # In the client's session, as the anchors' scripts start it from a shell, and as
+        # shmserve is started (see ShmServer).
         p = subprocess.run([str(self.anchors / "start_triton.sh")], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if self.pid_file.exists():
             self.pid = int(self.pid_file.read_text())
         if p.returncode != 0:
@@ -232,9 +229,11 @@ class TritonServer(Server):
 
 
 class ShmServer(Server):
-    """shmserve from the project's venv, in a session of its own, as a service runs apart from
-    its clients (and as Triton is started); what it leaves behind (workers that outlive it) can
-    be found there and reported."""
+    """shmserve from the project's venv, in the client's session, as Triton is started: where
+    the kernel groups threads by session for scheduling (autogroup), a session of its own
+    changes a server's share of the cores (see perf/README.md), so both servers are placed
+    alike. It leads a process group of its own, in which what it leaves behind (workers that
+    outlive it) can be found and reported."""
 
     name = "shmserve"
 
@@ -262,7 +261,7 @@ class ShmServer(Server):
             *shlex.split(os.environ.get("SHMSERVE_EXTRA_ARGS", ""))]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, process_group=0)
         self.pid = self.proc.pid
         deadline = time.monotonic() + timeout_s
         while not http_ok(f"http://127.0.0.1:{self.http_port}/v2/health/ready"):
@@ -274,8 +273,9 @@ class ShmServer(Server):
             time.sleep(0.25)
 
     def stop(self, grace_s: float = 40) -> list[int]:
-        """SIGTERM, then SIGKILL after grace_s. Returns the PIDs of processes of its session that
-        were still alive afterwards (and were killed): a shutdown bug worth reporting."""
+        """SIGTERM, then SIGKILL after grace_s. Returns the PIDs of processes of its process
+        group that were still alive afterwards (and were killed): a shutdown bug worth
+        reporting."""
         if self.proc is None:
             return []
         if self.proc.poll() is None:
@@ -285,7 +285,7 @@ class ShmServer(Server):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        leftovers = [pid for pid, st in _all_stats().items() if int(st[3]) == self.proc.pid]
+        leftovers = [pid for pid, st in _all_stats().items() if int(st[2]) == self.proc.pid]
         for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
