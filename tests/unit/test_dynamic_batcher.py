@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from shmserve import eager
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
@@ -125,6 +126,24 @@ def test_queued_requests_form_one_batch_when_the_instance_frees():
         assert [(await t)[0].parameters["id"] for t in tasks] == ["r0", "r1", "r2"]
         assert h.stats.execution_count == 2 and h.stats.pending == 0
         assert sorted(h.stats.batches) == [1, 3]
+    run(main())
+
+
+def test_a_request_read_in_the_turn_a_batch_ends_joins_the_next_batch():
+    async def main():
+        h = Harness()
+        await h.block()
+        first = h.submit("r0")
+        await settle()
+        h.inst.finish()
+        await asyncio.sleep(0)  # the blocker's end is handled; its instance frees next turn
+        assert h.inst.seen == [["blocker"]]
+        # As the front submits a request it has just read: its first step runs at once.
+        second = eager.start(h.batcher.submit(work("r1"), 1, 0, 0), asyncio.get_running_loop())
+        await settle()
+        assert h.inst.seen == [["blocker"], ["r0", "r1"]]
+        h.inst.finish()
+        assert [(await t)[0].parameters["id"] for t in (first, second)] == ["r0", "r1"]
     run(main())
 
 
