@@ -32,7 +32,7 @@ import tritonclient.http as httpclient
 
 import loadgen
 from pa_runner import measure
-from servers import add_server_arguments, add_steal_arguments, end_run, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, split_cpu_seconds, thread_sched_seconds, children_cpu_seconds, fmt, ratio
+from servers import add_server_arguments, add_steal_arguments, end_run, interpreters_line, new_run, run_metadata, Server, SERVER_NAMES, ServerError, measure_steady, tree_cpu_seconds, split_cpu_seconds, thread_sched_seconds, children_cpu_seconds, fmt, ratio
 
 MODELS = ("identity_fp32", "identity_fp32_20ms", "identity_fp32_delay150")
 SHAPE = (1, 16)
@@ -322,7 +322,7 @@ def main() -> int:
     errors += [f"{r['server']} perf_analyzer {r['protocol']} c={r['concurrency']} rep {r['rep']}: "
                "no server-side breakdown in perf_analyzer's output"
                for r in records if r["tool"] == "perf_analyzer" and r["error"] is None and r["server_stats"] is None]
-    text = report(records, errors, cases, tools, args, time.monotonic() - started)
+    text = report(records, errors, cases, tools, args, time.monotonic() - started) + interpreters_line(env)
     (out_dir / "table.md").write_text(text + "\n")
     print(text)
     print(f"\nresults: {out_dir}", file=sys.stderr)

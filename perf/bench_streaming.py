@@ -26,7 +26,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from pa_runner import measure
-from servers import (add_server_arguments, add_steal_arguments, measure_steady, new_run, REPO_ROOT, Server,
+from servers import (add_server_arguments, add_steal_arguments, interpreters_line, measure_steady, new_run, REPO_ROOT, Server,
                      ServerError, ShmServer, serve_and_measure, tree_cpu_seconds, fmt, ratio)
 
 MODEL = "repeat"
@@ -293,7 +293,7 @@ def main() -> int:
         with open(out_dir / "results.jsonl", "w") as f:
             for rec in records:
                 f.write(json.dumps(rec, default=float) + "\n")
-    text = report(records, errors, args.concurrency)
+    text = report(records, errors, args.concurrency) + interpreters_line(env)
     (out_dir / "report.md").write_text(text + "\n")
     print(text)
     print(f"\n(results in {out_dir})")

@@ -244,11 +244,20 @@ class ShmServer(Server):
 
     @staticmethod
     def command() -> list[str]:
-        exe = REPO_ROOT / ".venv" / "bin" / "shmserve"
-        if exe.exists():
+        """From $SHMSERVE_VENV if set (the interpreter's build matters, see perf/README.md), as
+        the anchors' $TRITON_VENV picks Triton's; else from the project's venv."""
+        venv = os.environ.get("SHMSERVE_VENV")
+        exe = Path(venv or REPO_ROOT / ".venv") / "bin" / "shmserve"
+        if exe.exists() or venv:
             return [str(exe)]
         # Without the project's venv (a lent GPU machine): this interpreter, from the checkout.
         return [sys.executable, "-m", "shmserve.cli"]
+
+    @staticmethod
+    def python() -> str:
+        """The interpreter that runs shmserve and its workers."""
+        command = ShmServer.command()
+        return str(Path(command[0]).with_name("python")) if len(command) == 1 else command[0]
 
     def start(self, timeout_s: float = 120) -> None:
         self.check_ports_free()
@@ -372,6 +381,32 @@ def publish(out_dir: Path, text: str, errors: list[str]) -> int:
     return 1 if errors else 0
 
 
+_DESCRIBE_PYTHON = ("import os, sys; maps = open('/proc/self/maps').read(); "
+                    "print(sys.version.split()[0], os.path.realpath(sys.executable), "
+                    "'(libpython shared)' if 'libpython' in maps else '(libpython linked in)')")
+
+
+def interpreters(env: dict[str, str]) -> dict[str, str]:
+    """Which Python runs each server's Python code: shmserve whole, Triton's python-backend
+    stubs (they load the libpython of the anchors' PY311_LIBDIR). How CPython was built (PGO,
+    LTO, libpython linked in or shared) moves shmserve's throughput by 5-15 %."""
+    def run(python: str, code: str) -> str:
+        out = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True)
+        return out.stdout.strip() or f"{python}: not runnable"
+    stub_version = run(str(Path(env["TRITON_VENV"]) / "bin" / "python"),
+                       "import sys; print(sys.version.split()[0])")
+    libpython = Path(env["PY311_LIBDIR"]) / "libpython3.11.so.1.0"
+    return {"shmserve": run(ShmServer.python(), _DESCRIBE_PYTHON),
+            "triton_stub": f"{stub_version} {os.path.realpath(libpython)}"}
+
+
+def interpreters_line(env: dict[str, str]) -> str:
+    """The report's line naming both servers' Python."""
+    found = interpreters(env)
+    return f"\n\nPython: shmserve {found['shmserve']}; Triton's stubs {found['triton_stub']}."
+
+
 def run_metadata(args, env: dict[str, str], **extra) -> dict:
     """What meta.json records of a run: when, which commit, which tools, which arguments."""
     git = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
@@ -380,7 +415,7 @@ def run_metadata(args, env: dict[str, str], **extra) -> dict:
     return dict(started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), git_head=head,
                 cpus=os.cpu_count(), **extra, anchors=str(args.anchors),
                 perf_analyzer=env["PERF_ANALYZER"], shmserve_command=ShmServer.command(),
-                args=vars(args))
+                python=interpreters(env), args=vars(args))
 
 
 def fmt(v, spec: str) -> str:
