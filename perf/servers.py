@@ -229,10 +229,10 @@ class TritonServer(Server):
 
 
 class ShmServer(Server):
-    """shmserve from the project's venv, in the client's session, as Triton is started: where
-    the kernel groups threads by session for scheduling (autogroup), a session of its own
-    changes a server's share of the cores (see perf/README.md), so both servers are placed
-    alike. It leads a process group of its own, in which what it leaves behind (workers that
+    """shmserve from the project's venv (or $SHMSERVE_VENV), in the client's session, as
+    Triton is started: where the kernel groups threads by session for scheduling (autogroup),
+    a session of its own changes a server's share of the cores (see perf/README.md), so both
+    servers are placed alike. It leads a process group of its own, in which what it leaves behind (workers that
     outlive it) can be found and reported."""
 
     name = "shmserve"
@@ -389,7 +389,7 @@ _DESCRIBE_PYTHON = ("import os, sys; maps = open('/proc/self/maps').read(); "
 def interpreters(env: dict[str, str]) -> dict[str, str]:
     """Which Python runs each server's Python code: shmserve whole, Triton's python-backend
     stubs (they load the libpython of the anchors' PY311_LIBDIR). How CPython was built (PGO,
-    LTO, libpython linked in or shared) moves shmserve's throughput by 5-15 %."""
+    LTO, libpython linked in or shared) moves shmserve's throughput by 7-15 %."""
     def run(python: str, code: str) -> str:
         out = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True)
