@@ -232,8 +232,8 @@ class ShmServer(Server):
     """shmserve from the project's venv (or $SHMSERVE_VENV), in the client's session, as
     Triton is started: where the kernel groups threads by session for scheduling (autogroup),
     a session of its own changes a server's share of the cores (see perf/README.md), so both
-    servers are placed alike. It leads a process group of its own, in which what it leaves behind (workers that
-    outlive it) can be found and reported."""
+    servers are placed alike. It leads a process group of its own, in which what it leaves
+    behind (workers that outlive it) can be found and reported."""
 
     name = "shmserve"
 
@@ -391,9 +391,12 @@ def interpreters(env: dict[str, str]) -> dict[str, str]:
     stubs (they load the libpython of the anchors' PY311_LIBDIR). How CPython was built (PGO,
     LTO, libpython linked in or shared) moves shmserve's throughput by 7-15 %."""
     def run(python: str, code: str) -> str:
-        out = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True)
-        return out.stdout.strip() or f"{python}: not runnable"
+        try:
+            out = subprocess.run([python, "-c", code], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True).stdout.strip()
+        except OSError:
+            out = ""
+        return out or f"{python}: not runnable"
     stub_version = run(str(Path(env["TRITON_VENV"]) / "bin" / "python"),
                        "import sys; print(sys.version.split()[0])")
     libpython = Path(env["PY311_LIBDIR"]) / "libpython3.11.so.1.0"
