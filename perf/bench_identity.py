@@ -322,7 +322,8 @@ def main() -> int:
     errors += [f"{r['server']} perf_analyzer {r['protocol']} c={r['concurrency']} rep {r['rep']}: "
                "no server-side breakdown in perf_analyzer's output"
                for r in records if r["tool"] == "perf_analyzer" and r["error"] is None and r["server_stats"] is None]
-    text = report(records, errors, cases, tools, args, time.monotonic() - started) + interpreters_line(env)
+    text = report(records, errors, cases, tools, args, time.monotonic() - started)
+    text += interpreters_line(env)
     (out_dir / "table.md").write_text(text + "\n")
     print(text)
     print(f"\nresults: {out_dir}", file=sys.stderr)
