@@ -305,11 +305,11 @@ class WorkerHandle:
                     self._streams[row] = req.stream
                     req.stream.attach(self._table, row)
             self._channel.send(messages.Execute(batch_id, block, frames))
-            # Not while the instance streams: a decoupled model's batch lasts as long as its
-            # responses, which keep the front busy anyway, and a client reading a stream on
-            # the same machine needs the core more than the front does.
-            if self._front_spin is not None and not self._streams:
-                self._front_spin.watch(future)
+            if self._front_spin is not None:
+                if len(plain_rows) < len(batch):  # it streams
+                    self._front_spin.hold(future)
+                else:
+                    self._front_spin.watch(future)
         except BaseException as exc:
             self._pending.pop(batch_id, None)
             self._free_block(slot)

@@ -1,9 +1,9 @@
-"""FrontSpin: the front's loop polls for its time after a batch is sent and after it ends, while
-the gate allows."""
+"""FrontSpin: the front's loop polls for its time after a batch is sent and after it ends, and
+for as long as a stream is open and a while after, while the gate allows."""
 
 import asyncio
 
-from shmserve.dispatch.front_spin import FrontSpin
+from shmserve.dispatch.front_spin import STREAM_LINGER_S, FrontSpin
 
 
 class Gate:
@@ -87,4 +87,62 @@ def test_no_polling_without_a_core_to_spare_or_when_off():
         off = FrontSpin(0, gate=Gate(), clock=Clock())
         off.watch(loop.create_future())
         assert not off.spinning
+    asyncio.run(main())
+
+
+def test_a_stream_holds_the_polling_until_it_ends_and_a_while_after():
+    async def main():
+        clock = Clock()
+        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        stream = asyncio.get_running_loop().create_future()
+        spin.hold(stream)
+        assert spin.spinning
+        clock.now += 1.0  # far past the batch time: the stream is still open
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        stream.set_result(None)
+        await asyncio.sleep(0)  # its callback runs
+        clock.now += STREAM_LINGER_S - 0.001
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        clock.now += 0.002
+        assert await turns_until_idle(spin) <= 3
+    asyncio.run(main())
+
+
+def test_a_plain_batch_does_not_cut_a_streams_linger_short():
+    async def main():
+        loop = asyncio.get_running_loop()
+        clock = Clock()
+        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        stream, batch = loop.create_future(), loop.create_future()
+        spin.hold(stream)
+        stream.set_result(None)
+        spin.watch(batch)
+        batch.set_result(None)
+        await asyncio.sleep(0)  # their callbacks run
+        clock.now += 0.001  # past the plain batch's time, within the stream's linger
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        clock.now += STREAM_LINGER_S
+        assert await turns_until_idle(spin) <= 3
+    asyncio.run(main())
+
+
+def test_an_open_stream_stops_polling_when_the_gate_closes_or_when_off():
+    async def main():
+        loop = asyncio.get_running_loop()
+        gate = Gate()
+        spin = FrontSpin(300, gate=gate, clock=Clock())
+        stream = loop.create_future()
+        spin.hold(stream)
+        gate.allowed = False
+        assert await turns_until_idle(spin) <= 3
+        off = FrontSpin(0, gate=Gate(), clock=Clock())
+        off.hold(loop.create_future())
+        assert not off.spinning
+        stream.cancel()
     asyncio.run(main())
