@@ -73,7 +73,7 @@ def main(argv: list) -> int:
 
     from shmserve.ipc import messages
     from shmserve.ipc.channel import SyncChannel
-    from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
+    from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, STREAM_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
     from shmserve.ipc.shm import Segment
     from workers import cuda
@@ -82,7 +82,8 @@ def main(argv: list) -> int:
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
     spin_us = int(argv[2]) if len(argv) > 2 else DEFAULT_SPIN_US
-    channel = SyncChannel(socket.socket(fileno=fd), spin=IdleSpin(spin_us) if spin_us else None)
+    spin = IdleSpin(spin_us) if spin_us else None
+    channel = SyncChannel(socket.socket(fileno=fd), spin=spin)
     init = channel.recv()
     if not isinstance(init, messages.Init):
         return 2
@@ -116,6 +117,8 @@ def main(argv: list) -> int:
             state_reserve=None if state_arena is None else state_arena.reserve,
         )
         runner.initialize()
+        if spin is not None and runner.decoupled:
+            spin.spin_s = max(spin.spin_s, STREAM_SPIN_US / 1e6)
         from workers.loop import WorkerLoop
         loop = WorkerLoop(channel, reader, runner, init)
     except Exception as exc:  # reported to the front, which marks the model unavailable

@@ -107,14 +107,15 @@ class SyncChannel:
         return codec.decode_body(self._pending.pop(0))
 
     def _poll(self, spin: IdleSpin):
-        """The next bytes if they come within the spin time, else None. MSG_DONTWAIT rather
-        than a non-blocking socket: model threads may be sending on it meanwhile."""
+        """The next bytes if they come within the spin time and while the machine has a core
+        to spare, else None. MSG_DONTWAIT rather than a non-blocking socket: model threads may
+        be sending on it meanwhile."""
         deadline = time.perf_counter() + spin.spin_s
         while True:
             try:
                 return self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                if time.perf_counter() >= deadline:
+                if time.perf_counter() >= deadline or not spin.should_spin():
                     return None
                 os.sched_yield()  # a thread or process that has work runs first
 

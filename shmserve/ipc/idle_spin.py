@@ -17,6 +17,13 @@ import os
 import time
 
 DEFAULT_SPIN_US = 300
+# A decoupled model's worker polls longer: a client reading a stream sends its next request
+# once it has read the last response, 1.4-5.5 ms (p10-p90) after the front saw the stream end
+# in repeat's benchmark, and a worker woken from a virtual CPU that slept that long reaches its
+# first response slower. With the front polling through that gap too (dispatch/front_spin.py),
+# polling 5 or 20 ms here took the median time to first response at concurrency 1 from 0.76 to
+# 0.65 ms in one run of alternating rounds (Triton 0.63), 0.71 to 0.69 ms in another (0.67).
+STREAM_SPIN_US = 20_000
 MIN_IDLE_CORES = 0.75
 CHECK_S = 0.05
 SPIN_INTERVALS = 7

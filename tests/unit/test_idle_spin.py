@@ -85,3 +85,30 @@ def test_a_frame_that_comes_while_polling_is_read_and_sends_still_block():
     finally:
         ours.close()
         theirs.close()
+
+
+class ClosesAfter:
+    """A gate that closes after its first `n` answers, as when the machine gets busy."""
+    spin_s = 10.0
+
+    def __init__(self, n: int):
+        self.answers = 0
+        self.n = n
+
+    def should_spin(self):
+        self.answers += 1
+        return self.answers <= self.n
+
+
+def test_polling_stops_when_the_machine_gets_busy():
+    ours, theirs = socket.socketpair()
+    channel = SyncChannel(ours, spin=ClosesAfter(3))
+    peer = SyncChannel(theirs)
+    try:
+        threading.Timer(0.3, peer.send, (messages.Release([1]),)).start()
+        cpu = time.thread_time()
+        assert channel.recv() == messages.Release([1])
+        assert time.thread_time() - cpu < 0.1  # it blocked instead of polling all that time
+    finally:
+        ours.close()
+        theirs.close()
