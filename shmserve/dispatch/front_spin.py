@@ -12,14 +12,12 @@ work on the same core (the worker, the client) goes first, and it polls only whi
 IdleSpin's gate sees a core to spare.
 
 Streams are held differently (`hold`): the loop polls for as long as any stream is open and
-for STREAM_LINGER_S after the last one closed. A client reading a stream sends its next
-request only once it has read the last response, a few milliseconds after the front sent it;
-a virtual CPU that sleeps that long comes back with cold caches, and every stage of the next
-request runs several times slower. With `repeat` at concurrency 1 (100 responses a request,
-alternating rounds on the 2-core reference VM), the median time to first response went from
-0.88 to 0.71 ms in a run that also ran Triton (0.73 ms there), and from 0.72 to 0.69 ms in one
-that did not. Under load the gate keeps it off: perf_analyzer streaming at concurrency 1 and
-8 left the front's CPU time unchanged.
+for STREAM_LINGER_S after the last one closed. A client reading a stream sends its next request
+only once it has read the last response, a few milliseconds after the front sent it; a
+virtual CPU that sleeps that long comes back with cold caches, and every stage of the next
+request runs several times slower. In that gap the client is still busy reading, so the linger
+asks a gate of its own, with a lower threshold (STREAM_MIN_IDLE_CORES); while streams run,
+the usual gate decides, as their clients and the front then share the cores.
 """
 
 import asyncio
@@ -32,19 +30,30 @@ from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
 # faster first responses than 20 ms (0.69 against 0.72 ms) and than 50 ms (0.71 against 0.76)
 # in the runs that compared them; the gate closes it sooner whenever the machine gets busy.
 STREAM_LINGER_S = 0.2
+# repeat's latency rounds (one client reading 100 responses a request, no polling) left a
+# median 0.44 cores idle (p10 0.36) in 50 ms intervals: under the usual threshold the linger
+# would hardly ever poll. With this one, the median time to first response at concurrency 1
+# went from 0.97 to 0.78 ms in alternating rounds (Triton 0.88 ms in that run), and
+# perf_analyzer streaming at concurrency 8 and 32 kept its throughput and CPU time. Polling
+# with it while streams are open too cost those about a tenth of their throughput.
+STREAM_MIN_IDLE_CORES = 0.3
 
 
 class FrontSpin:
-    def __init__(self, spin_us: int = DEFAULT_SPIN_US, gate=None, clock=time.perf_counter):
-        """`gate`: what says whether the machine has a core to spare (an IdleSpin unless
-        given)."""
+    def __init__(self, spin_us: int = DEFAULT_SPIN_US, gate=None, stream_gate=None,
+                 clock=time.perf_counter):
+        """`gate`, `stream_gate`: what says whether the machine has a core to spare, for
+        batches and for streams (IdleSpins unless given)."""
         self._spin_s = spin_us / 1e6
         self._gate = gate if gate is not None else IdleSpin(spin_us)
+        self._stream_gate = stream_gate if stream_gate is not None else IdleSpin(
+            spin_us, min_idle_cores=STREAM_MIN_IDLE_CORES)
         self._clock = clock
-        self._until = 0.0
+        self._until = 0.0  # batches poll until then
+        self._open_streams = 0  # held batches not yet ended
+        self._stream_until = 0.0  # and the last one's linger
         self.spinning = False
         self._loop = None
-        self._open_streams = 0  # held batches not yet ended
 
     def watch(self, batch: asyncio.Future) -> None:
         """`batch` was just sent to a worker: poll for `spin_us`, and again for `spin_us`
@@ -65,23 +74,30 @@ class FrontSpin:
 
     def _released(self, batch) -> None:
         self._open_streams -= 1
-        self._until = max(self._until, self._clock() + STREAM_LINGER_S)
+        self._stream_until = self._clock() + STREAM_LINGER_S
         self._start(batch)
 
     def _ended(self, batch) -> None:
-        self._until = max(self._until, self._clock() + self._spin_s)
+        self._until = self._clock() + self._spin_s
         self._start(batch)
 
     def _start(self, batch) -> None:
-        if not self.spinning and self._gate.should_spin():
+        if not self.spinning and self._wanted():
             self.spinning = True
             # The batch's loop, not get_running_loop(): on Python 3.11 that is a getpid()
             # system call, and a turn of the spin should cost as little as it can.
             self._loop = batch.get_loop()
             self._loop.call_soon(self._turn)
 
+    def _wanted(self) -> bool:
+        now = self._clock()
+        if (self._open_streams or now < self._until) and self._gate.should_spin():
+            return True
+        return (not self._open_streams and now < self._stream_until
+                and self._stream_gate.should_spin())
+
     def _turn(self) -> None:
-        if (self._open_streams or self._clock() < self._until) and self._gate.should_spin():
+        if self._wanted():
             os.sched_yield()
             self._loop.call_soon(self._turn)
         else:

@@ -47,8 +47,10 @@ class IdleSpin:
     """Decides, for one worker, whether to poll before blocking; `spin_s` is for how long."""
 
     def __init__(self, spin_us: int = DEFAULT_SPIN_US, stat_path: str = "/proc/stat",
-                 clock=time.monotonic, cores: int | None = None):
+                 clock=time.monotonic, cores: int | None = None,
+                 min_idle_cores: float = MIN_IDLE_CORES):
         self.spin_s = spin_us / 1e6
+        self.min_idle_cores = min_idle_cores
         self._stat_path = stat_path
         self._clock = clock
         self._cores = cores or os.cpu_count() or 1
@@ -78,4 +80,4 @@ class IdleSpin:
             self.allowed = self._polled_intervals < SPIN_INTERVALS
             return
         self._polled_intervals = 0
-        self.allowed = total > 0 and (total - busy) / total * self._cores >= MIN_IDLE_CORES
+        self.allowed = total > 0 and (total - busy) / total * self._cores >= self.min_idle_cores

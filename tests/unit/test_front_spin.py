@@ -93,7 +93,7 @@ def test_no_polling_without_a_core_to_spare_or_when_off():
 def test_a_stream_holds_the_polling_until_it_ends_and_a_while_after():
     async def main():
         clock = Clock()
-        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        spin = FrontSpin(300, gate=Gate(), stream_gate=Gate(), clock=clock)
         stream = asyncio.get_running_loop().create_future()
         spin.hold(stream)
         assert spin.spinning
@@ -116,7 +116,7 @@ def test_a_plain_batch_does_not_cut_a_streams_linger_short():
     async def main():
         loop = asyncio.get_running_loop()
         clock = Clock()
-        spin = FrontSpin(300, gate=Gate(), clock=clock)
+        spin = FrontSpin(300, gate=Gate(), stream_gate=Gate(), clock=clock)
         stream, batch = loop.create_future(), loop.create_future()
         spin.hold(stream)
         stream.set_result(None)
@@ -132,17 +132,32 @@ def test_a_plain_batch_does_not_cut_a_streams_linger_short():
     asyncio.run(main())
 
 
-def test_an_open_stream_stops_polling_when_the_gate_closes_or_when_off():
+def test_the_linger_after_streams_asks_a_gate_of_its_own():
     async def main():
         loop = asyncio.get_running_loop()
-        gate = Gate()
-        spin = FrontSpin(300, gate=gate, clock=Clock())
+        stream_gate = Gate()
+        spin = FrontSpin(300, gate=Gate(False), stream_gate=stream_gate, clock=Clock())
         stream = loop.create_future()
         spin.hold(stream)
-        gate.allowed = False
+        assert not spin.spinning  # while the stream runs, the usual gate decides
+        stream.set_result(None)
+        await asyncio.sleep(0)  # its callback runs: the linger, under the streams' gate
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        stream_gate.allowed = False  # the machine got busy
         assert await turns_until_idle(spin) <= 3
-        off = FrontSpin(0, gate=Gate(), clock=Clock())
+
+        spin = FrontSpin(300, gate=Gate(), stream_gate=Gate(False), clock=Clock())
+        stream = loop.create_future()
+        spin.hold(stream)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        stream.set_result(None)
+        assert await turns_until_idle(spin) <= 3  # no linger without the streams' gate
+
+        off = FrontSpin(0, gate=Gate(), stream_gate=Gate(), clock=Clock())
         off.hold(loop.create_future())
         assert not off.spinning
-        stream.cancel()
     asyncio.run(main())

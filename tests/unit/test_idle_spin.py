@@ -52,6 +52,17 @@ def test_polls_while_a_core_is_idle_and_measures_again_without_polling(tmp_path)
     assert spin.should_spin()
 
 
+def test_a_lower_threshold_polls_with_less_idle(tmp_path):
+    machine = Machine(tmp_path)
+    usual, streams = machine.spin(), machine.spin(min_idle_cores=0.3)
+    machine.run(busy_cores=1.6)  # 0.4 cores idle
+    assert not usual.should_spin()
+    assert streams.should_spin()
+    busier = machine.spin(min_idle_cores=0.3)
+    machine.run(busy_cores=1.8)  # 0.2 cores idle: below even the lower threshold
+    assert not busier.should_spin()
+
+
 def test_off_without_a_spin_time_or_without_proc_stat(tmp_path):
     machine = Machine(tmp_path)
     off = machine.spin(spin_us=0)
