@@ -226,7 +226,7 @@ class WorkerHandle:
         try:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "workers", str(child.fileno()), str(self._spin_us),
+                *worker_command("workers", str(child.fileno()), str(self._spin_us)),
                 pass_fds=(child.fileno(), self._table.wake_fd), stdin=stdin, stdout=stdout,
                 stderr=stderr, env=worker_env())
             await worker_log.started(self._process.pid)
@@ -780,6 +780,21 @@ def _code(name: str) -> Code:
         return Code[name]
     except KeyError:
         return Code.INTERNAL
+
+
+# `python -m` would put the current directory first on sys.path, so a server started from a
+# directory holding a `workers` or `shmserve` folder (an older checkout, a project's own
+# workers) would run that code in its workers. Dropped before the module is found; -P would do
+# the same, from Python 3.11 on.
+_RUN_MODULE = ("import runpy, sys\n"
+               "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def worker_command(module: str, *args: str) -> list:
+    """The command line that runs `module` (`workers`, say) as a child process, with `args` as
+    its sys.argv[1:]; run it with worker_env()."""
+    return [sys.executable, "-c", _RUN_MODULE, module, *args]
 
 
 def worker_env() -> dict:

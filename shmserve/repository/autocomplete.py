@@ -9,12 +9,11 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 
 from shmserve.config.parse import parse_config_json
 from shmserve.config.render import config_to_json
-from shmserve.dispatch.worker import worker_env
+from shmserve.dispatch.worker import worker_command, worker_env
 from shmserve.errors import ServerError, invalid_arg
 from shmserve.proto import ModelConfig
 from shmserve.repository.scan import ModelEntry, select_versions
@@ -57,7 +56,7 @@ async def auto_complete(model_dir: str, version: int, config: ModelConfig, *,
     given["name"] = name  # Triton names the model in the config it hands over
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.autocomplete", model_dir, str(version),
+        *worker_command("workers.autocomplete", model_dir, str(version)),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=worker_env())
     try:
