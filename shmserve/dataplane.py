@@ -86,6 +86,7 @@ class DataPlane:
         self._queue_limit = max_queue_size_default or sys.maxsize
         self.max_open_streams = max_open_streams
         self.open_streams = 0  # gRPC streams and HTTP event streams open now
+        self.in_flight = 0  # requests admitted and not yet answered, of every model
 
     # -- limits -------------------------------------------------------------------------
 
@@ -299,11 +300,13 @@ class DataPlane:
                     asyncio.get_running_loop().call_soon(work.trace.finish)
                 return hit
         mv.stats.inflight += 1
+        self.in_flight += 1
         _hold_regions(work)
         try:
             response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
         finally:
             mv.stats.inflight -= 1
+            self.in_flight -= 1
             _release_regions(work)
             if work.trace is not None:
                 # Written after the caller's turn, which may add when it sent the response.
@@ -379,6 +382,7 @@ class DataPlane:
         until its last response, so that a draining server waits for whole streams. The
         compute times of a request that is not decoupled are added to `timings`, if given."""
         mv.stats.inflight += 1
+        self.in_flight += 1
         _hold_regions(work)
         try:
             if mv.decoupled:
@@ -396,6 +400,7 @@ class DataPlane:
                 yield response, True
         finally:
             mv.stats.inflight -= 1
+            self.in_flight -= 1
             _release_regions(work)
             if work.trace is not None and not mv.decoupled:
                 work.trace.finish()
@@ -403,7 +408,7 @@ class DataPlane:
     async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
                                 started):
         loop = asyncio.get_running_loop()
-        stream = work.stream = ResponseStream(loop)
+        stream = work.stream = ResponseStream(loop, lone=self.in_flight == 1)
         # Started now: the request reaches its scheduler in this turn of the loop.
         run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started), loop)
         run.add_done_callback(functools.partial(_end_of_execution, stream))

@@ -120,7 +120,7 @@ def main(argv: list) -> int:
         if spin is not None and runner.decoupled:
             spin.spin_s = max(spin.spin_s, STREAM_SPIN_US / 1e6)
         from workers.loop import WorkerLoop
-        loop = WorkerLoop(channel, reader, runner, init)
+        loop = WorkerLoop(channel, reader, runner, init, spin)
     except Exception as exc:  # reported to the front, which marks the model unavailable
         # A RunnerError's message is the whole story, in Triton's words.
         channel.send(messages.Ready(str(exc) if isinstance(exc, RunnerError)

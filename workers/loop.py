@@ -33,6 +33,7 @@ import numpy as np
 
 from shmserve.ipc import datatypes, messages
 from shmserve.ipc.allocator import ArenaAllocator
+from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
@@ -48,9 +49,11 @@ _WAIT_S = 0.002
 
 
 class WorkerLoop:
-    def __init__(self, channel, reader, runner, init: messages.Init):
-        """`channel` sends; `reader` (server_calls.FrameReader) receives."""
+    def __init__(self, channel, reader, runner, init: messages.Init, spin=None):
+        """`channel` sends; `reader` (server_calls.FrameReader) receives. `spin`: the
+        channel's IdleSpin, if it polls."""
         self._channel = channel
+        self._spin = spin
         self._reader = reader
         self._runner = runner
         self._inline_threshold = init.inline_threshold
@@ -107,6 +110,9 @@ class WorkerLoop:
         return self._input_arena.view(offset, nbytes)
 
     def _execute(self, msg: messages.Execute) -> None:
+        if self._spin is not None:
+            # Polling after this batch is for its client's next request, when it waits alone.
+            self._spin.min_idle_cores = STREAM_MIN_IDLE_CORES if msg.lone else MIN_IDLE_CORES
         block = self._input_block(msg.input_block)
         table = self._table
         decoupled = self._runner.decoupled

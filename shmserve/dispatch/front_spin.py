@@ -16,27 +16,28 @@ for STREAM_LINGER_S after the last one closed. A client reading a stream sends i
 only once it has read the last response, a few milliseconds after the front sent it; a
 virtual CPU that sleeps that long comes back with cold caches, and every stage of the next
 request runs several times slower. In that gap the client is still busy reading, so the linger
-asks a gate of its own, with a lower threshold (STREAM_MIN_IDLE_CORES); while streams run,
-the usual gate decides, as their clients and the front then share the cores.
+asks a gate of its own, with a lower threshold (STREAM_MIN_IDLE_CORES). So do open streams
+whose requests each came when nothing else was in flight (`lone`): one client waiting on its
+stream. Where more are open, their clients and the front share the cores, and the usual gate
+decides.
 """
 
 import asyncio
+import functools
 import os
 import time
 
-from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, IdleSpin
+from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, STREAM_MIN_IDLE_CORES, IdleSpin
 
 # The front saw the next request 1.4-5.5 ms (p10-p90) after a stream ended, yet 200 ms gave
 # faster first responses than 20 ms (0.69 against 0.72 ms) and than 50 ms (0.71 against 0.76)
 # in the runs that compared them; the gate closes it sooner whenever the machine gets busy.
 STREAM_LINGER_S = 0.2
-# repeat's latency rounds (one client reading 100 responses a request, no polling) left a
-# median 0.44 cores idle (p10 0.36) in 50 ms intervals: under the usual threshold the linger
-# would hardly ever poll. With this one, the median time to first response at concurrency 1
-# went from 0.97 to 0.78 ms in alternating rounds (Triton 0.88 ms in that run), and
-# perf_analyzer streaming at concurrency 8 and 32 kept its throughput and CPU time. Polling
-# with it while streams are open too cost those about a tenth of their throughput.
-STREAM_MIN_IDLE_CORES = 0.3
+# With the linger under STREAM_MIN_IDLE_CORES, the median time to first response at
+# concurrency 1 went from 0.97 to 0.78 ms in alternating rounds (Triton 0.88 ms in that run);
+# with lone streams polled under it too, here and in their worker, from 0.73 to 0.67 ms
+# (Triton 0.80). perf_analyzer streaming at concurrency 8 and 32 kept its throughput and CPU
+# time: its streams are not lone.
 
 
 class FrontSpin:
@@ -51,6 +52,7 @@ class FrontSpin:
         self._clock = clock
         self._until = 0.0  # batches poll until then
         self._open_streams = 0  # held batches not yet ended
+        self._crowded_streams = 0  # of those, the ones not lone
         self._stream_until = 0.0  # and the last one's linger
         self.spinning = False
         self._loop = None
@@ -63,17 +65,21 @@ class FrontSpin:
         batch.add_done_callback(self._ended)
         self._ended(batch)
 
-    def hold(self, batch: asyncio.Future) -> None:
+    def hold(self, batch: asyncio.Future, lone: bool = False) -> None:
         """`batch`, with streams, was just sent to a worker: poll until it has ended and for
-        STREAM_LINGER_S more."""
+        STREAM_LINGER_S more. `lone`: its request came while no other was in flight."""
         if self._spin_s <= 0:
             return
         self._open_streams += 1
-        batch.add_done_callback(self._released)
+        if not lone:
+            self._crowded_streams += 1
+        batch.add_done_callback(functools.partial(self._released, lone))
         self._start(batch)
 
-    def _released(self, batch) -> None:
+    def _released(self, lone: bool, batch) -> None:
         self._open_streams -= 1
+        if not lone:
+            self._crowded_streams -= 1
         self._stream_until = self._clock() + STREAM_LINGER_S
         self._start(batch)
 
@@ -93,8 +99,9 @@ class FrontSpin:
         now = self._clock()
         if (self._open_streams or now < self._until) and self._gate.should_spin():
             return True
-        return (not self._open_streams and now < self._stream_until
-                and self._stream_gate.should_spin())
+        if self._open_streams:
+            return not self._crowded_streams and self._stream_gate.should_spin()
+        return now < self._stream_until and self._stream_gate.should_spin()
 
     def _turn(self) -> None:
         if self._wanted():

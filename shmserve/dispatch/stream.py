@@ -16,11 +16,15 @@ from shmserve.errors import ServerError
 
 class ResponseStream:
     __slots__ = ("_loop", "_items", "_waiter", "_table", "_row", "_error", "finished",
-                 "cancelled")
+                 "cancelled", "lone")
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None):
-        """`loop`: the reader's event loop (found when first waited on, unless given)."""
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None, lone: bool = False):
+        """`loop`: the reader's event loop (found when first waited on, unless given).
+        `lone`: no other request was in flight when this one came, so its client is likely
+        waiting on it alone; the front and the worker poll for such a client even when its
+        reading keeps the machine busy (dispatch/front_spin.py)."""
         self._loop = loop
+        self.lone = lone
         self._items = collections.deque()  # (WorkResponse or None, final)
         self._waiter: Optional[asyncio.Future] = None
         self._table = None

@@ -304,10 +304,11 @@ class WorkerHandle:
                 if req.stream is not None:
                     self._streams[row] = req.stream
                     req.stream.attach(self._table, row)
-            self._channel.send(messages.Execute(batch_id, block, frames))
+            lone = len(batch) == 1 and batch[0].stream is not None and batch[0].stream.lone
+            self._channel.send(messages.Execute(batch_id, block, frames, lone))
             if self._front_spin is not None:
                 if len(plain_rows) < len(batch):  # it streams
-                    self._front_spin.hold(future)
+                    self._front_spin.hold(future, lone)
                 else:
                     self._front_spin.watch(future)
         except BaseException as exc:

@@ -22,9 +22,16 @@ DEFAULT_SPIN_US = 300
 # in repeat's benchmark, and a worker woken from a virtual CPU that slept that long reaches its
 # first response slower. With the front polling through that gap too (dispatch/front_spin.py),
 # polling 5 or 20 ms here took the median time to first response at concurrency 1 from 0.76 to
-# 0.65 ms in one run of alternating rounds (Triton 0.63), 0.71 to 0.69 ms in another (0.67).
+# 0.65 ms in alternating rounds (Triton 0.63).
 STREAM_SPIN_US = 20_000
 MIN_IDLE_CORES = 0.75
+# For a client that waits on its stream alone: reading 100 responses a request keeps it busy,
+# and repeat's latency rounds (one such client, no polling) left a median 0.44 cores idle
+# (p10 0.36) in 50 ms intervals, so under MIN_IDLE_CORES the front and the worker would hardly
+# ever poll for it. Where many streams are open, MIN_IDLE_CORES stays: polling with this
+# threshold then cost perf_analyzer's streaming at concurrency 8 and 32 about a tenth of its
+# throughput (see dispatch/front_spin.py for where the front uses which).
+STREAM_MIN_IDLE_CORES = 0.3
 CHECK_S = 0.05
 SPIN_INTERVALS = 7
 

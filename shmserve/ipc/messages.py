@@ -191,13 +191,17 @@ class Execute:
     # The bytes of every input of the batch: inline bytes or (INPUT_ARENA, offset, nbytes).
     input_block: Union[bytes, memoryview, tuple, list]
     requests: list  # of RequestFrame
+    # Its one request came while the front had no other in flight: the worker polls for that
+    # client's next request under a lower threshold (see ipc/idle_spin.py).
+    lone: bool = False
 
     def to_wire(self) -> list:
-        return [EXECUTE, self.batch_id, self.input_block, [r.to_wire() for r in self.requests]]
+        return [EXECUTE, self.batch_id, self.input_block, [r.to_wire() for r in self.requests],
+                self.lone]
 
     @staticmethod
     def from_wire(w: list) -> "Execute":
-        return Execute(w[1], w[2], [RequestFrame.from_wire(r) for r in w[3]])
+        return Execute(w[1], w[2], [RequestFrame.from_wire(r) for r in w[3]], w[4])
 
 
 @dataclass(slots=True)

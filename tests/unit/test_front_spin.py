@@ -1,5 +1,6 @@
 """FrontSpin: the front's loop polls for its time after a batch is sent and after it ends, and
-for as long as a stream is open and a while after, while the gate allows."""
+for as long as a stream is open and a while after, while the gate allows (a lower one for a
+lone stream and for the linger after streams)."""
 
 import asyncio
 
@@ -160,4 +161,28 @@ def test_the_linger_after_streams_asks_a_gate_of_its_own():
         off = FrontSpin(0, gate=Gate(), stream_gate=Gate(), clock=Clock())
         off.hold(loop.create_future())
         assert not off.spinning
+    asyncio.run(main())
+
+
+def test_a_lone_stream_polls_under_the_streams_gate_while_open():
+    async def main():
+        loop = asyncio.get_running_loop()
+        stream_gate = Gate()
+        spin = FrontSpin(300, gate=Gate(False), stream_gate=stream_gate, clock=Clock())
+        lone = loop.create_future()
+        spin.hold(lone, lone=True)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning  # the usual gate is closed, the streams' gate open
+        crowded = loop.create_future()
+        spin.hold(crowded)  # another client came: the usual gate decides again
+        assert await turns_until_idle(spin) <= 3
+        crowded.set_result(None)
+        await asyncio.sleep(0)  # the lone one is still open, alone again
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert spin.spinning
+        stream_gate.allowed = False  # the machine got busy
+        assert await turns_until_idle(spin) <= 3
+        lone.cancel()
     asyncio.run(main())

@@ -27,6 +27,7 @@ SAMPLES = [
         messages.RequestFrame("b", 0, 0, {}, [messages.TensorRef("IN", "FP32", [2, 2], [8, 16])],
                               ["OUT"], 2)]),
     messages.Execute(9, b"", [messages.RequestFrame("", 0, 0, {}, [], [], 3)]),
+    messages.Execute(10, b"", [messages.RequestFrame("", 0, 0, {}, [], [], 4)], lone=True),
     messages.Result(7, [messages.ResponseFrame(None, [messages.TensorRef("OUT", "BYTES", [1], b"\x01\x00\x00\x00x")], {"p": 1}),
                         messages.ResponseFrame(["INTERNAL", "boom"], [], {})], 1, 2, 3),
     messages.Result(10, [], 4, 5, 6),

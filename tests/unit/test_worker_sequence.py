@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from shmserve.ipc import codec, messages, request_table
+from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES, IdleSpin
 from shmserve.ipc.shm import Segment
 from workers import triton_python_backend_utils as pb_utils
 from workers.loop import WorkerLoop
@@ -608,16 +609,26 @@ def segments():
         segment.unlink()
 
 
-def run_loop(runner, segments, requests, decoupled=False):
+def run_loop(runner, segments, requests, decoupled=False, lone=False, spin=None):
     init = messages.Init("acc", 1, "", "", {}, "acc_0_0", "CPU", 0, segments["in"],
                          segments["out"], segments["rows"], 1 << 12)
     block = b"".join(np.array([[v]], np.int32).tobytes() for v, *_ in requests)
     frames = [messages.RequestFrame(f"r{i}", 0, flags, {}, [
         messages.TensorRef("IN", "INT32", [1, 1], [4 * i, 4])], ["OUT"], i,
         sequence_slot=i, ready=ready) for i, (_, flags, ready) in enumerate(requests)]
-    channel = FakeChannel([messages.Execute(7, block, frames)])
-    WorkerLoop(channel, FrameReader(channel), runner, init).run()
+    channel = FakeChannel([messages.Execute(7, block, frames, lone)])
+    WorkerLoop(channel, FrameReader(channel), runner, init, spin).run()
     return channel.sent
+
+
+def test_a_lone_batch_lowers_the_polling_threshold_and_others_restore_it(make_runner,
+                                                                          segments):
+    runner = make_runner(ACCUMULATOR)
+    spin = IdleSpin(300)
+    run_loop(runner, segments, [(5, START, True)], lone=True, spin=spin)
+    assert spin.min_idle_cores == STREAM_MIN_IDLE_CORES
+    run_loop(runner, segments, [(1, 0, True)], spin=spin)
+    assert spin.min_idle_cores == MIN_IDLE_CORES
 
 
 def test_loop_answers_null_requests_with_empty_frames(make_runner, segments):
