@@ -86,7 +86,8 @@ class DataPlane:
         self._queue_limit = max_queue_size_default or sys.maxsize
         self.max_open_streams = max_open_streams
         self.open_streams = 0  # gRPC streams and HTTP event streams open now
-        self.in_flight = 0  # requests admitted and not yet answered, of every model
+        # Requests admitted and not yet answered, of every model: what a drain waits for.
+        self.in_flight = 0
 
     # -- limits -------------------------------------------------------------------------
 

@@ -275,15 +275,12 @@ class Server:
         """End a drain now: what is still in flight fails rather than being waited for."""
         self._hurry.set()
 
-    def _inflight(self) -> int:
-        return sum(mv.stats.inflight for mv in self.registry.all_versions())
-
     async def _drain(self, timeout: float) -> int:
         """Wait until nothing is in flight, for at most `timeout` seconds or until `hurry()`;
         returns how many requests are still in flight."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        left = self._inflight()
+        left = self.dataplane.in_flight
         if left:
             log.info("waiting up to %g s for %d in-flight request(s) to complete", timeout, left)
         while left and loop.time() < deadline and not self._hurry.is_set():
@@ -292,7 +289,7 @@ class Server:
                 await asyncio.wait_for(self._hurry.wait(), DRAIN_POLL_S)
             except asyncio.TimeoutError:
                 pass
-            left = self._inflight()
+            left = self.dataplane.in_flight
         return left
 
     def _kill_busy_instances(self, why: str) -> None:
