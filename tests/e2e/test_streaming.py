@@ -167,6 +167,20 @@ def metric(server, name: str, model: str, **labels) -> float:
     raise AssertionError(f"no {name} for {model} {labels}")
 
 
+def settled(read):
+    """What `read()` gives once it has stopped moving. A stream's request is counted once its
+    batch has ended, which may be just after its last response reached the client: a count
+    read right after a test's (or an earlier test's) answer can still change."""
+    value, deadline = read(), time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = read()
+        if again == value:
+            return value
+        value = again
+    raise AssertionError(f"still moving after {WAIT_S} s: {value}")
+
+
 def success_counts(server, model: str) -> tuple:
     """(inference_count, success count) from the statistics extension."""
     stats = httpx.get(f"http://{server.http_url}/v2/models/{model}/stats").json()
@@ -406,7 +420,7 @@ def test_generate_returns_the_single_response(server):
                          ids=["two responses", "none"])
 def test_generate_answers_an_error_when_the_model_sends_other_than_one_response(server, model,
                                                                                 body):
-    success = metric(server, "nv_inference_request_success", model)
+    success = settled(lambda: metric(server, "nv_inference_request_success", model))
     r = httpx.post(http_url(server, model, "generate"), json=body)
     # As Triton 2.51: 200, with the error as the body.
     assert r.status_code == 200
@@ -433,8 +447,9 @@ def test_generate_stream_sends_one_event_per_response(server):
 
 
 def test_generate_stream_reports_a_later_error_as_an_event(server):
-    success = metric(server, "nv_inference_request_success", "stream_probe")
-    failure = metric(server, "nv_inference_request_failure", "stream_probe", reason="BACKEND")
+    success = settled(lambda: metric(server, "nv_inference_request_success", "stream_probe"))
+    failure = settled(lambda: metric(server, "nv_inference_request_failure", "stream_probe",
+                                     reason="BACKEND"))
     with httpx.Client(timeout=WAIT_S) as client:
         with connect_sse(client, "POST", http_url(server, "stream_probe", "generate_stream"),
                          json={"COUNT": 5, "fail_after": 2}) as events:
@@ -604,7 +619,7 @@ def test_grpc_client_that_does_not_read_stops_the_model(server, tmp_path):
 # -- statistics --------------------------------------------------------------------------------
 
 def test_stream_requests_count_in_the_statistics(server):
-    before = success_counts(server, "repeat")
+    before = settled(lambda: success_counts(server, "repeat"))
     with GrpcStream(server) as stream:
         for n in range(3):
             stream.send("repeat", repeat_inputs([n, n]))
@@ -612,5 +627,5 @@ def test_stream_requests_count_in_the_statistics(server):
     assert len(items) == 6
     r = httpx.post(http_url(server, "repeat", "generate_stream"), json={"IN": [1]})
     assert r.status_code == 200
-    after = success_counts(server, "repeat")
+    after = settled(lambda: success_counts(server, "repeat"))
     assert (after[0] - before[0], after[1] - before[1]) == (4, 4)
