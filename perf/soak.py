@@ -19,9 +19,9 @@ between two quiescent samples (all clients held between two requests): one after
 one when the load ends. RSS swings too much for two samples to tell (see rss_peaks), so it is
 judged by its peaks: the highest in the window that starts with the warm sample against the
 highest in the window that ends with the last. Flat means, per process, the later peak less
-than RSS_GROWTH above the earlier, no new fd, and no new /dev/shm segment or byte. Exit status 1 on any wrong or failed answer, a server-side
-failure, an error in the server log, a worker that changed, growth beyond these, or anything
-left behind. Files under perf/results/soak-<date>-<time>/: table.md, samples.jsonl,
+than RSS_GROWTH above the earlier, no new fd, and no new /dev/shm segment or byte. Exit
+status 1 on any wrong or failed answer, a server-side failure, an error in the server log, a
+worker that changed, growth beyond these, or anything left behind. Files under perf/results/soak-<date>-<time>/: table.md, samples.jsonl,
 shmserve.log.
 """
 
