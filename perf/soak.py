@@ -21,8 +21,8 @@ judged by its peaks: the highest in the window that starts with the warm sample 
 highest in the window that ends with the last. Flat means, per process, the later peak less
 than RSS_GROWTH above the earlier, no new fd, and no new /dev/shm segment or byte. Exit
 status 1 on any wrong or failed answer, a server-side failure, an error in the server log, a
-worker that changed, growth beyond these, or anything left behind. Files under perf/results/soak-<date>-<time>/: table.md, samples.jsonl,
-shmserve.log.
+worker that changed, growth beyond these, or anything left behind. Files under
+perf/results/soak-<date>-<time>/: table.md, samples.jsonl, shmserve.log.
 """
 
 import argparse

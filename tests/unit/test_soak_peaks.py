@@ -3,10 +3,8 @@
 import os
 import sys
 
-import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "perf"))
-soak = pytest.importorskip("soak")
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "perf"))
+import soak  # noqa: E402  (perf/ holds scripts, not a package)
 
 
 def samples_of(front_rss: list, warm_at: int, pid: int = 7) -> tuple:
