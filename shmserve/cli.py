@@ -226,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "loop thread every request passes through, as nginx's worker_priority; "
                         "model workers keep the server's. Below the starting value it needs "
                         "CAP_SYS_NICE (default: left as started)")
+    p.add_argument("--worker-answers", type=_bool, default=True, metavar="BOOL",
+                   help="shmserve's own: a model's worker writes an HTTP infer answer to the "
+                        "client itself when the connection's previous request was the same "
+                        "but for its tensors' bytes, and the outputs are binary and small; the "
+                        "server's event loop then only keeps its accounts (default true)")
     p.add_argument("--pipeline-below-us", type=_non_negative_int,
                    default=DEFAULT_PIPELINE_BELOW_US, metavar="US",
                    help="an instance whose batches take less than this is sent its next "
@@ -370,6 +375,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         worker_spin_us=args.worker_spin_us,
         front_spin_us=args.front_spin_us,
         pipeline_below_us=args.pipeline_below_us,
+        worker_answers=args.worker_answers,
         exit_timeout_secs=args.exit_timeout_secs,
         model_instance_timeout_secs=args.model_instance_timeout_secs,
         allow_http=args.allow_http,

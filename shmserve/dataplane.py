@@ -286,6 +286,10 @@ class DataPlane:
             raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
                                                    f"transaction policy: use a streaming API")
         work, batch_size, priority, timeout_us, started = self._admit(request, mv)
+        answer = request.answer
+        if answer is not None and work.trace is None and mv.answers_in_worker \
+                and answer.model_version == str(mv.version):
+            work.answer = answer
         key = None
         # Requests with tensors in shared memory are not cached: a client may rewrite a
         # region between requests that look the same.
@@ -922,7 +926,7 @@ def _response(request: InferRequest, mv, work) -> InferResponse:
         outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
                    if o.name in classes else o for o in outputs]
     return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
-                         release=work.release)
+                         release=work.release, unsent=work.unsent)
 
 
 def _cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:

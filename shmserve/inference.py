@@ -53,6 +53,9 @@ class InferRequest:
     traceparent: str = ""
     # The request_templates.RequestTemplate it was filled from, if any.
     template: Any = None
+    # Its answer to its client, prepared by the transport up to the outputs' bytes, that the
+    # model's worker may write (see dispatch.worker.WorkRequest.answer); None for none.
+    answer: Any = None
 
 
 @dataclass(slots=True)
@@ -81,6 +84,10 @@ class InferResponse:
     # The request's tracing.Trace, if sampled: the transport may stamp when it sent the
     # response before its turn of the event loop ends, when the trace is written.
     trace: Any = None
+    # The model's worker wrote the request's prepared answer (InferRequest.answer) to the
+    # client: what the client's socket did not take, for the transport to write (b"" when it
+    # took all). None when the transport answers as usual.
+    unsent: Optional[bytes] = None
 
     def done(self) -> None:
         release, self.release = self.release, None

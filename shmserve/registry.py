@@ -1,5 +1,6 @@
 """The loaded models: (name, version) -> config, signature, scheduler and instance pool."""
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -45,6 +46,21 @@ class ModelVersion:
     @property
     def decoupled(self) -> bool:
         return self.config.model_transaction_policy.decoupled
+
+    @functools.cached_property
+    def answers_in_worker(self) -> bool:
+        """Its instance's worker may write a request's prepared answer (see
+        workers/answers.py): one worker runs the request and nothing in the front changes
+        the response on its way. Not for ensembles, sequences or decoupled models; not
+        where responses must leave in request order across instances (preserve_ordering),
+        where the front caches them, or where it reshapes outputs."""
+        config = self.config
+        return (not self.decoupled
+                and not config.HasField("ensemble_scheduling")
+                and not config.HasField("sequence_batching")
+                and not config.dynamic_batching.preserve_ordering
+                and not config.response_cache.enable
+                and all(spec.reshape is None for spec in self.signature.outputs.values()))
 
 
 @dataclass

@@ -103,6 +103,8 @@ class Options:
     # shmserve's own: an instance whose batches take less than this is sent its next batch
     # while it runs one (0: never, as Triton).
     pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US
+    # Models' workers may write infer answers over HTTP themselves (http/prepared_answers.py).
+    worker_answers: bool = True
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
@@ -218,7 +220,7 @@ class Server:
             server = build_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.http_header_forward_pattern),
-                opts.http_restrictions)
+                opts.http_restrictions, opts.worker_answers)
             await server.start(opts.http_address, opts.http_port)
             self._http_servers.append(server)
 

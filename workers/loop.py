@@ -37,6 +37,7 @@ from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
+from workers.answers import ClientSockets, write_prepared
 from workers.device_tensors import DeviceInputs, KeptOutputs
 from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
@@ -69,6 +70,7 @@ class WorkerLoop:
         self._regions = reader.regions
         self._kept = KeptOutputs()
         self._device_inputs = DeviceInputs(self._kept, self._regions)
+        self._client_sockets = ClientSockets(init.answer_fd) if init.answer_fd >= 0 else None
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
@@ -102,6 +104,8 @@ class WorkerLoop:
             self._output_arena.close()
             self._table.close()
             self._reader.close()
+            if self._client_sockets is not None:
+                self._client_sockets.close()
 
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
@@ -114,6 +118,10 @@ class WorkerLoop:
             # Polling after this batch is for its client's next request, when it waits alone.
             self._spin.min_idle_cores = STREAM_MIN_IDLE_CORES if msg.lone else MIN_IDLE_CORES
         block = self._input_block(msg.input_block)
+        answers = sum(1 for r in msg.requests if r.answer is not None)
+        client_fds = []
+        if answers and self._client_sockets is not None:
+            client_fds = self._client_sockets.take(msg.batch_id, answers)
         table = self._table
         decoupled = self._runner.decoupled
         requests = []
@@ -173,6 +181,8 @@ class WorkerLoop:
         # A null request's answer is dropped unread; a rescheduled request's is already empty.
         frames = [self._frame(resp, r.output_regions, r.device_outputs) if r.ready
                   else _unread_frame() for resp, r in zip(responses, msg.requests)]
+        if client_fds:
+            write_prepared(frames, msg.requests, client_fds)
         # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,

@@ -7,6 +7,8 @@ Each request takes a row of the worker's request table for as long as the worker
 (see ipc/request_table.py). A decoupled model's requests carry a ResponseStream, fed by the
 worker's StreamResponse frames until the final one; their batch's Result only ends the
 execution.
+A request may carry a prepared answer (`WorkRequest.answer`): its client's socket is lent to
+the worker with the batch, which then writes the answer itself (see workers/answers.py).
 Tensors in client shared-memory regions stay there: the worker maps each region when the first
 batch that uses it is sent, and unmaps it when the region's `Region` says so (`unmap_region`).
 A worker that dies fails the batches it holds (the running one and the one queued behind
@@ -97,6 +99,10 @@ class WorkRequest:
     trace: object = None  # its tracing.Trace, if sampled
     # Outputs a GPU instance keeps on its GPU when the model made them there (DeviceTensor).
     device_outputs: tuple = ()
+    # Its answer to its client, prepared up to the outputs' bytes, that the worker may write
+    # (an object with `frame`, messages.RequestFrame.answer, and `socket_fd()`, the socket
+    # to write it to, or -1 when it cannot be written there now); None for none.
+    answer: object = None
 
 
 @dataclass(slots=True)
@@ -123,6 +129,9 @@ class WorkResponse:
     # The output arena as a Region, when outputs are in it: another instance can then read
     # them in place (an ensemble's next step), as long as `release` has not been called.
     arena: Optional[Region] = None
+    # The worker wrote the request's prepared answer: what its client's socket did not take
+    # (b"" when it took all). None when the worker did not answer.
+    unsent: Optional[bytes] = None
 
 
 @dataclass(slots=True)
@@ -162,6 +171,8 @@ class WorkerHandle:
         self._table: Optional[RequestTable] = None
         self._rows: Optional[RowAllocator] = None
         self._channel: Optional[AsyncChannel] = None
+        # The front's end of the socket that lends clients' sockets to the worker.
+        self._lender: Optional[socket.socket] = None
         self._process: Optional[asyncio.subprocess.Process] = None
         self._ready: Optional[asyncio.Future] = None
         self._bye: Optional[asyncio.Future] = None
@@ -222,19 +233,25 @@ class WorkerHandle:
         self._rows = RowAllocator()
         self._mapped_regions = {}
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._close_lender()
+        lender, lent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        lender.setblocking(False)  # full means the worker is behind: the front answers then
+        self._lender = lender
+        lent_fd = lent.fileno()  # the worker's, under the same number
         worker_log = self._worker_log = logs.WorkerLog(self._log_context)
         try:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
                 *worker_command("workers", str(child.fileno()), str(self._spin_us)),
-                pass_fds=(child.fileno(), self._table.wake_fd), stdin=stdin, stdout=stdout,
-                stderr=stderr, env=worker_env())
+                pass_fds=(child.fileno(), self._table.wake_fd, lent_fd), stdin=stdin,
+                stdout=stdout, stderr=stderr, env=worker_env())
             await worker_log.started(self._process.pid)
             self._ready = loop.create_future()
             _, self._channel = await loop.create_unix_connection(
                 lambda: AsyncChannel(self._on_message, self._on_closed), sock=parent)
         except BaseException as exc:
             parent.close()
+            self._close_lender()
             if self._process is not None:
                 self._process.kill()
                 await self._process.wait()
@@ -246,12 +263,14 @@ class WorkerHandle:
             raise
         finally:
             child.close()
+            lent.close()
         self._channel.send(messages.Init(
             **self._init_args, input_arena=self._input_arena.name,
             output_arena=self._output_arena.name, request_table=self._table.segment.name,
             inline_threshold=INLINE_THRESHOLD,
             state_arena=self._state_arena.name if self._state_arena is not None else "",
-            wake_fd=self._table.wake_fd, bls_arena=self._bls_arena.name))
+            wake_fd=self._table.wake_fd, bls_arena=self._bls_arena.name,
+            answer_fd=lent_fd))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -292,7 +311,8 @@ class WorkerHandle:
         slot = None
         rows = self._take_rows(batch)
         try:
-            frames, pieces, nbytes = _layout(batch, rows)
+            answering = self._lend_sockets(batch_id, batch)
+            frames, pieces, nbytes = _layout(batch, rows, answering)
             block, slot = self._place_block(pieces, nbytes)
             future = self._loop.create_future()
             self._map_regions(batch)
@@ -323,6 +343,31 @@ class WorkerHandle:
                                                     f"not available") from None
             raise
         return future
+
+    def _lend_sockets(self, batch_id: int, batch: list) -> Optional[list]:
+        """Send the worker the client sockets of the batch's prepared answers: per request,
+        whether the worker has its socket and so may answer it; None when none does."""
+        if self._lender is None:
+            return None
+        fds = []
+        answering = []
+        for req in batch:
+            fd = req.answer.socket_fd() if req.answer is not None else -1
+            answering.append(fd >= 0)
+            if fd >= 0:
+                fds.append(fd)
+        if not fds or len(fds) > messages.MAX_LENT_SOCKETS:  # the front answers a larger one
+            return None
+        try:
+            socket.send_fds(self._lender, [batch_id.to_bytes(8, "little")], fds)
+        except OSError:  # the worker is behind, or gone: the front answers these
+            return None
+        return answering
+
+    def _close_lender(self) -> None:
+        if self._lender is not None:
+            self._lender.close()
+            self._lender = None
 
     def _map_regions(self, batch: list) -> None:
         """Tell the worker of the client regions the batch uses that it has not mapped yet."""
@@ -421,6 +466,7 @@ class WorkerHandle:
                 await proc.wait()
         if self._worker_log is not None:
             await self._worker_log.close()  # what finalize() wrote is logged before stop ends
+        self._close_lender()
         self._destroy_arenas()
 
     def _destroy_arenas(self) -> None:
@@ -562,6 +608,8 @@ class WorkerHandle:
                 slots.append(offset)
                 continue
             outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
+        if frame.unsent is not None:
+            return WorkResponse(None, outputs, frame.parameters, unsent=frame.unsent)
         if not slots and not kept:
             return WorkResponse(None, outputs, frame.parameters)
         return WorkResponse(None, outputs, frame.parameters,
@@ -693,17 +741,20 @@ class WorkerHandle:
                 future.set_exception(error)
 
 
-def _layout(batch: list, rows: list) -> tuple[list, list, int]:
+def _layout(batch: list, rows: list, answering: Optional[list] = None
+            ) -> tuple[list, list, int]:
     """The batch's RequestFrames, with its input bytes laid out as one block, input-major: for
     each input name, in order of first appearance, the tensors of that name of every request
     that has one, back to back in batch order (so a batched model can view them as one array).
+
+    `answering`: per request, whether its prepared answer goes to the worker (None: none).
 
     Returns the frames (each input located within the block), the block's pieces in order
     (alignment padding included), and the block's size.
     """
     frames = []
     placed = []  # (TensorRef, its bytes)
-    for req, row in zip(batch, rows):
+    for index, (req, row) in enumerate(zip(batch, rows)):
         refs = []
         for t in req.inputs:
             data = t.data
@@ -723,10 +774,12 @@ def _layout(batch: list, rows: list) -> tuple[list, list, int]:
                           for name, s in req.output_regions.items()}
         trace = req.trace
         trace_id, trace_context = (0, "") if trace is None else (trace.id, trace.context)
+        answer = req.answer.frame if answering is not None and answering[index] else None
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
-                                            trace_id, trace_context, req.device_outputs))
+                                            trace_id, trace_context, req.device_outputs,
+                                            answer))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

@@ -18,7 +18,8 @@ from shmserve import header_forwarding, restricted_api
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.http import codec, compression, generate, shared_memory
-from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.http.http1 import SENT, HttpServer, Request, Response, error_response
+from shmserve.http.prepared_answers import AnswerBook
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.stats import stats_json
 from shmserve.tracing import SETTING_NAMES
@@ -62,12 +63,15 @@ _NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use 
 
 
 class HttpRoutes:
-    def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None):
+    def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None,
+                 prepare_answers: bool = True):
         """`header_pattern`: headers whose names it matches become request parameters
-        (--http-header-forward-pattern; header_forwarding.py), or None."""
+        (--http-header-forward-pattern; header_forwarding.py), or None. `prepare_answers`:
+        models' workers may write infer answers (--worker-answers; prepared_answers.py)."""
         self.dp = dataplane
         self.max_input_size = max_input_size
         self.header_pattern = header_pattern
+        self.prepare_answers = prepare_answers
 
     async def live(self, request):
         return Response(200 if self.dp.server_live() else 400)
@@ -169,25 +173,42 @@ class HttpRoutes:
             header_forwarding.forward(infer_request, request.headers.items(),
                                       self.header_pattern)
         self._note_for_tracing(request, infer_request)
+        accept = request.headers.get("accept-encoding")
+        chosen = compression.choose(accept) if accept else None
+        # What decides the answer up to its outputs' bytes (see prepared_answers.py).
+        answer_key = None
+        if self.prepare_answers and header_length is not None and not encoding \
+                and not chosen:
+            answer_key = (request.path, bytes(body[:header_length]))
+            book = request.connection.memo
+            if book is None:
+                book = request.connection.memo = AnswerBook()
+            infer_request.answer = book.lookup(answer_key, request.connection)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "HTTP end point doesn't support models with "
                                                 "decoupled transaction policy") from None
+        if response.unsent is not None:  # the model's worker wrote the answer
+            request.connection.write_raw(response.unsent)
+            return SENT
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
             payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             response.done()
         headers = {"Content-Type": content_type}
-        accept = request.headers.get("accept-encoding")
-        chosen = compression.choose(accept) if accept else None
         if chosen:
             payload = await _off_loop(compression.compress, payload, chosen)
             headers["Content-Encoding"] = chosen
         if out_header is not None:
             headers["Inference-Header-Content-Length"] = str(out_header)
         reply = Response(200, payload, headers=headers)
+        if answer_key is not None and out_header is not None \
+                and request.connection.lendable_fd() >= 0:
+            request.connection.memo.learn(
+                answer_key, request.connection.head(200, headers, len(payload)), chunks,
+                response)
         if response.trace is not None:
             response.trace.stamp("HTTP_SEND_START", time.perf_counter_ns())
             reply.on_sent = functools.partial(_sent, response.trace)
@@ -351,10 +372,11 @@ def _guarded(handler, restriction: tuple):
 
 def build_server(dataplane: DataPlane, max_input_size: int,
                  max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION,
-                 header_pattern=None, restrictions: dict | None = None) -> HttpServer:
+                 header_pattern=None, restrictions: dict | None = None,
+                 prepare_answers: bool = True) -> HttpServer:
     router = Router()
     routes = _Routes(router, restrictions or {})
-    r = HttpRoutes(dataplane, max_input_size, header_pattern)
+    r = HttpRoutes(dataplane, max_input_size, header_pattern, prepare_answers)
     m = "/v2/models/{model}"
     mv = "/v2/models/{model}/versions/{version:[0-9]+}"
     # The router tries a path's routes in the order they were added: inference first.

@@ -72,6 +72,10 @@ class Request:
         self._conn = conn
         self._stream: "ChunkedStream | None" = None
 
+    @property
+    def connection(self) -> "_Connection":
+        return self._conn
+
     def stream(self, headers: dict, status: int = 200) -> "ChunkedStream":
         """Start a response whose body follows in chunks (server-sent events)."""
         self._stream = ChunkedStream(self._conn, status, headers, self.method == "HEAD")
@@ -89,6 +93,11 @@ class Response:
         self.on_sent = None  # called once the response is handed to the socket
         if content_type is not None:
             self.headers["Content-Type"] = content_type
+
+
+# Returned by a handler whose answer reached the socket by other means (see
+# _Connection.lendable_fd): nothing is left to write.
+SENT = Response(0)
 
 
 def error_response(status: int, message: str) -> Response:
@@ -143,6 +152,9 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.loop = server.loop
         self.transport = None
+        self.fileno = -1  # the socket's descriptor
+        # What a handler keeps from one request of the connection to the next.
+        self.memo = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque = deque()  # requests read and not yet served, in order
         self.task: asyncio.Task | None = None
@@ -170,6 +182,9 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self.fileno = sock.fileno()
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -430,6 +445,8 @@ class _Connection(asyncio.Protocol):
             stream = request._stream
             if stream is not None:
                 await stream.end()
+            elif response is SENT:
+                pass
             elif response is not None:
                 self.write_response(request, response)
                 if response.on_sent is not None:
@@ -443,7 +460,24 @@ class _Connection(asyncio.Protocol):
             self.task = None
 
     # Writing
-    def _head(self, status: int, headers: dict, length: int | None) -> bytes:
+    def lendable_fd(self) -> int:
+        """The socket's descriptor, for another process to write the answer being served
+        (then the handler returns SENT), or -1 when that could come out of order or wrong:
+        this side has bytes of its own waiting to be written, or the answer must say the
+        connection closes. Holds until the handler returns: nothing else is written to the
+        connection while a request is served."""
+        transport = self.transport
+        if self.closing or self.server.stopping or transport.is_closing() \
+                or transport.get_write_buffer_size():
+            return -1
+        return self.fileno
+
+    def write_raw(self, data: bytes) -> None:
+        """Bytes of an answer written by other means, which the socket did not take."""
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def head(self, status: int, headers: dict, length: int | None) -> bytes:
         closes = self.closing or self.server.stopping
         key = (status, length, closes, *headers.items())
         head = _HEADS.get(key)
@@ -466,13 +500,13 @@ class _Connection(asyncio.Protocol):
         return b"".join(parts)
 
     def write_head(self, status: int, headers: dict) -> None:
-        self.transport.write(self._head(status, headers, None))
+        self.transport.write(self.head(status, headers, None))
 
     def write_response(self, request: Request | None, response: Response) -> None:
         if self.transport.is_closing():
             return
         body = response.body
-        head = self._head(response.status, response.headers, len(body))
+        head = self.head(response.status, response.headers, len(body))
         if request is not None and request.method == "HEAD":
             self.transport.write(head)
         elif len(body) >= _LARGE_BODY:

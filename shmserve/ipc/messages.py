@@ -40,6 +40,15 @@ instance; the caller frees it after the call's final reply. A large output trave
 `[region_id, offset, nbytes]` of the target's output arena, which the front has the caller map
 (`MapSystemRegion`) first: the caller copies it out and sends a "release" call with the same
 id, which gives the target's slots back.
+
+A request may come with a prepared answer (`RequestFrame.answer`): the bytes that precede its
+outputs in the answer to its client, and the outputs (name, datatype, shape) those bytes
+announce. The front sends the client's socket for it, before the `Execute`, over a second
+socket (`Init.answer_fd`): one packet per batch, the batch id as 8 little-endian bytes and the
+sockets as SCM_RIGHTS, in the order of the requests that have an answer. When the model's
+response has exactly those outputs, all inline and nothing else, the worker writes the
+prepared bytes and the outputs' bytes to the socket itself, and its `ResponseFrame` carries
+what the socket did not take (`unsent`, empty when it took all) instead of the outputs.
 """
 
 from dataclasses import dataclass, field
@@ -50,6 +59,9 @@ INPUT_ARENA = 0  # written by the front, read by the worker
 OUTPUT_ARENA = 1  # written by the worker, read by the front
 CLIENT_REGION = 2  # an output the worker wrote into a client's region
 DEVICE_MEMORY = 3  # a tensor in a GPU instance's device memory
+# The most client sockets lent with one batch: what SCM_RIGHTS carries in one message (the
+# kernel's SCM_MAX_FD).
+MAX_LENT_SOCKETS = 253
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
  MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY,
@@ -97,12 +109,15 @@ class Init:
     wake_fd: int = -1
     # Where the model's large BLS inputs go (see ServerCall); "" for none.
     bls_arena: str = ""
+    # The socket (inherited under this number) that clients' sockets for prepared answers
+    # arrive on; -1 for none.
+    answer_fd: int = -1
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
-                self.state_arena, self.wake_fd, self.bls_arena]
+                self.state_arena, self.wake_fd, self.bls_arena, self.answer_fd]
 
     @staticmethod
     def from_wire(w: list) -> "Init":
@@ -172,17 +187,19 @@ class RequestFrame:
     trace_context: str = ""
     # Outputs to keep in device memory if the model made them there (DEVICE_MEMORY).
     device_outputs: Union[list, tuple] = field(default_factory=list)
+    # [prefix bytes, [[name, datatype, shape], ...]]: its prepared answer, or None.
+    answer: Optional[list] = None
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
                 self.output_regions, self.sequence_slot, self.ready, self.trace_id,
-                self.trace_context, self.device_outputs]
+                self.trace_context, self.device_outputs, self.answer]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7], w[8], w[9], w[10], w[11], w[12])
+                            w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13])
 
 
 @dataclass(slots=True)
@@ -211,13 +228,17 @@ class ResponseFrame:
     parameters: dict = field(default_factory=dict)
     # The error is the model's own answer (see errors.ModelError.answered).
     answered: bool = False
+    # The worker wrote the request's prepared answer: the bytes its client's socket did not
+    # take, for the front to write. None when the worker did not answer.
+    unsent: Optional[bytes] = None
 
     def to_wire(self) -> list:
-        return [self.error, [t.to_wire() for t in self.outputs], self.parameters, self.answered]
+        return [self.error, [t.to_wire() for t in self.outputs], self.parameters, self.answered,
+                self.unsent]
 
     @staticmethod
     def from_wire(w: list) -> "ResponseFrame":
-        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2], w[3])
+        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2], w[3], w[4])
 
 
 @dataclass(slots=True)

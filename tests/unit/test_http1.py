@@ -599,6 +599,12 @@ class FakeTransport:
     def close(self):
         self.closed = True
 
+    def get_extra_info(self, name, default=None):
+        return default  # no socket behind it
+
+    def get_write_buffer_size(self):
+        return 0
+
     def pause_reading(self):
         pass
 
@@ -709,12 +715,38 @@ def test_a_response_head_written_before_still_says_the_connection_closes():
     server.loop = asyncio.new_event_loop()
     try:
         conn = http1._Connection(server)
-        assert b"Connection: close" not in conn._head(200, {"Content-Type": "a/b"}, 3)
+        assert b"Connection: close" not in conn.head(200, {"Content-Type": "a/b"}, 3)
         conn.closing = True
-        assert b"Connection: close" in conn._head(200, {"Content-Type": "a/b"}, 3)
+        assert b"Connection: close" in conn.head(200, {"Content-Type": "a/b"}, 3)
         conn.closing = False
         conn.server.stopping = True
-        assert b"Connection: close" in conn._head(200, {"Content-Type": "a/b"}, 3)
+        assert b"Connection: close" in conn.head(200, {"Content-Type": "a/b"}, 3)
+    finally:
+        server.loop.close()
+
+
+def test_the_socket_is_lent_only_while_an_answer_written_there_is_right():
+    """lendable_fd: not when this side has bytes waiting, nor when the answer must say the
+    connection closes (a head prepared earlier would not say it)."""
+    server = HttpServer(echo, 1 << 16)
+    server.loop = asyncio.new_event_loop()
+    try:
+        conn = http1._Connection(server)
+        transport = FakeTransport()
+        conn.connection_made(transport)
+        assert conn.lendable_fd() == -1  # no socket behind the fake transport
+        conn.fileno = 7
+        assert conn.lendable_fd() == 7
+        transport.get_write_buffer_size = lambda: 10
+        assert conn.lendable_fd() == -1
+        transport.get_write_buffer_size = lambda: 0
+        for flag in ("closing", "stopping"):
+            target = conn if flag == "closing" else server
+            setattr(target, flag, True)
+            assert conn.lendable_fd() == -1
+            setattr(target, flag, False)
+        transport.close()
+        assert conn.lendable_fd() == -1
     finally:
         server.loop.close()
 
