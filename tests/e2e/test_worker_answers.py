@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import start_server, stop_server
 
-MODELS = ("identity_fp32", "partial_out", "error_response", "raiser", "slow")
+MODELS = ("identity_fp32", "identity_batch", "partial_out", "error_response", "raiser", "slow")
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +174,10 @@ def test_pipelined_requests_are_answered_in_order(servers):
         assert np.array_equal(binary_output(answer), tensor.ravel())
 
 
-def test_concurrent_connections_each_get_their_own_answers(servers):
-    """Batches of requests from several connections: each answer to its own client."""
+@pytest.mark.parametrize("model", ["identity_fp32", "identity_batch"])
+def test_concurrent_connections_each_get_their_own_answers(servers, model):
+    """Batches of requests from several connections (identity_fp32 batches them on one
+    instance, identity_batch runs two instances at once): each answer to its own client."""
     srv = servers[True]
     failures = []
 
@@ -183,7 +185,7 @@ def test_concurrent_connections_each_get_their_own_answers(servers):
         rng = np.random.default_rng(seed)
         tensors = [_vector(rng, n=int(rng.integers(1, 4)) * 8) for _ in range(40)]
         try:
-            answers = exchange(srv.http_port, [infer_request("identity_fp32", {"INPUT0": t})
+            answers = exchange(srv.http_port, [infer_request(model, {"INPUT0": t})
                                                for t in tensors])
             for tensor, answer in zip(tensors, answers):
                 if not np.array_equal(binary_output(answer), tensor.ravel()):
@@ -191,12 +193,17 @@ def test_concurrent_connections_each_get_their_own_answers(servers):
         except Exception as exc:  # reported below, with the others
             failures.append((seed, repr(exc)))
 
+    instances = [f"{model}_0_{i}" for i in range(2 if model == "identity_batch" else 1)]
+    workers = [_worker_of(srv, instance) for instance in instances]
+    before = [written_by(pid) for pid in workers]
     threads = [threading.Thread(target=client, args=(seed,)) for seed in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert not failures
+    # Each instance wrote answers (answers here are 300 bytes or more).
+    assert all(written_by(pid) - b >= 300 for pid, b in zip(workers, before))
 
 
 def test_a_client_that_leaves_before_its_answer_costs_nobody_else(servers):
