@@ -175,11 +175,11 @@ class HttpRoutes:
         self._note_for_tracing(request, infer_request)
         accept = request.headers.get("accept-encoding")
         chosen = compression.choose(accept) if accept else None
-        # What decides the answer up to its outputs' bytes (see prepared_answers.py).
+        # Its template decides the answer up to the outputs' bytes (see prepared_answers.py).
         answer_key = None
-        if self.prepare_answers and header_length is not None and not encoding \
+        if self.prepare_answers and infer_request.template is not None and not encoding \
                 and not chosen:
-            answer_key = (request.path, bytes(body[:header_length]))
+            answer_key = infer_request.template
             book = request.connection.memo
             if book is None:
                 book = request.connection.memo = AnswerBook()

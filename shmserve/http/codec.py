@@ -99,7 +99,8 @@ def decode_infer_request(
     )
     # Inputs given as JSON `data` (in the header) are decoded anew each time.
     if key is not None and False not in spans:
-        _TEMPLATES.put(key, (RequestTemplate(request), spans, fmt))
+        request.template = RequestTemplate(request)
+        _TEMPLATES.put(key, (request.template, spans, fmt))
     return request, fmt
 
 

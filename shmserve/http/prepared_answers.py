@@ -3,8 +3,9 @@
 A client that repeats a request (perf_analyzer does, as do most clients of one model: the same
 JSON header, new tensor bytes) gets answers that differ only in the outputs' bytes. So each
 connection keeps the head and JSON header of the last answer it wrote for such a request,
-keyed by what decided them: the path and the request's JSON header. The next request on the
-connection with the same key takes them along as its prepared answer. If the model's
+keyed by what decided them: the request's template (request_templates.py), which stands for
+its model, version and JSON header. The next request on the connection from the same template
+takes them along as its prepared answer. If the model's
 response has the same outputs (names, datatypes, shapes) and nothing else, the model's worker
 writes the prepared bytes and the outputs' bytes to the client's socket itself, and the front
 only keeps its accounts (workers/answers.py): writing answers is the largest single cost of
@@ -41,12 +42,12 @@ class AnswerBook:
         self._version = ""
         self._frame = None
 
-    def lookup(self, key: tuple, connection) -> PreparedAnswer | None:
-        if key != self._key:
+    def lookup(self, key, connection) -> PreparedAnswer | None:
+        if key is not self._key:
             return None
         return PreparedAnswer(self._version, self._frame, connection)
 
-    def learn(self, key: tuple, head: bytes, chunks: list, response: InferResponse) -> None:
+    def learn(self, key, head: bytes, chunks: list, response: InferResponse) -> None:
         """Keep the answer just built (`head`, then `chunks`: the JSON header and each
         output's bytes) for requests with `key`, if its outputs all followed as binary data
         of a fixed size, and nothing in it depends on more than their names, datatypes and
