@@ -227,10 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "model workers keep the server's. Below the starting value it needs "
                         "CAP_SYS_NICE (default: left as started)")
     p.add_argument("--worker-answers", type=_bool, default=True, metavar="BOOL",
-                   help="shmserve's own: a model's worker writes an HTTP infer answer to the "
-                        "client itself when the connection's previous request was the same "
-                        "but for its tensors' bytes, and the outputs are binary and small; the "
-                        "server's event loop then only keeps its accounts (default true)")
+                   help="shmserve's own: a model's worker writes an HTTP or gRPC infer "
+                        "answer to the client itself when the connection's previous request "
+                        "was the same but for its tensors' bytes, and the outputs are binary "
+                        "and small; the server's event loop then only keeps its accounts "
+                        "(default true)")
     p.add_argument("--pipeline-below-us", type=_non_negative_int,
                    default=DEFAULT_PIPELINE_BELOW_US, metavar="US",
                    help="an instance whose batches take less than this is sent its next "

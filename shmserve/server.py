@@ -202,7 +202,7 @@ class Server:
                  opts.grpc_keepalive_permit_without_calls),
                 (opts.grpc_max_connection_age_ms / 1000,
                  opts.grpc_max_connection_age_grace_ms / 1000),
-                opts.grpc_infer_response_compression_level)
+                opts.grpc_infer_response_compression_level, opts.worker_answers)
             await self._grpc.start(opts.grpc_address, opts.grpc_port,
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:

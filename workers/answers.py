@@ -26,6 +26,9 @@ class ClientSockets:
 
     def __init__(self, fd: int):
         self._sock = socket.socket(fileno=fd)
+        # The sockets (inode numbers) that took only part of their answers: the front writes
+        # the rest, and this side never writes to them again (see write_prepared).
+        self.backed_up = set()
 
     def take(self, batch_id: int, count: int) -> list:
         """The `count` sockets (descriptors) lent for batch `batch_id`, or [] when they did
@@ -59,39 +62,67 @@ def _descriptors(ancillary: list) -> list:
     return list(fds)
 
 
-def write_prepared(frames: list, requests: list, fds: list) -> None:
+# Inodes of backed-up sockets remembered at most: the front lends no more to a connection once
+# it has heard of one (only the batches lent before then matter), and inodes are reused.
+MAX_BACKED_UP = 1024
+
+
+def write_prepared(frames: list, requests: list, fds: list, backed_up: set) -> None:
     """Write the prepared answers of the batch's `requests` (messages.RequestFrame) whose
-    response frame matches, to the sockets `fds` (one per request with an answer, in order),
-    replacing those frames by answered ones; then close the sockets."""
+    response frame matches, to the sockets `fds` (the batch's distinct sockets, which each
+    answer names by index), replacing those frames by answered ones; then close the sockets.
+
+    A socket's answers go out in one write, in request order (an HTTP/2 connection carries
+    many of the batch's calls). What it does not take goes back to the front, request by
+    request: the rest of the answer it took part of, and the whole of those after it. Such a
+    socket joins `backed_up`, and later batches, which the front may have lent it before it
+    heard, leave it to the front: the front writes the rest, and then theirs."""
     try:
-        sockets = iter(fds)
+        by_socket = {}  # socket index -> [(request index, answer bytes)]
         for i, request in enumerate(requests):
-            if request.answer is None:
+            answer = request.answer
+            if answer is None or not request.ready:
                 continue
-            fd = next(sockets)
-            answer = _answer_bytes(request.answer, frames[i]) if request.ready else None
-            if answer is not None:
-                frames[i] = messages.ResponseFrame(None, [], unsent=_write(fd, answer))
+            data = _answer_bytes(answer, frames[i])
+            if data is not None:
+                by_socket.setdefault(answer[0], []).append((i, data))
+        for index, answers in by_socket.items():
+            fd = fds[index]
+            if backed_up and os.fstat(fd).st_ino in backed_up:
+                continue
+            data = answers[0][1] if len(answers) == 1 else b"".join(d for _, d in answers)
+            unsent = _write(fd, data)
+            if unsent:
+                if len(backed_up) >= MAX_BACKED_UP:
+                    backed_up.clear()
+                backed_up.add(os.fstat(fd).st_ino)
+            taken = len(data) - len(unsent)
+            for i, data in answers:
+                frames[i] = messages.ResponseFrame(None, [], unsent=data[taken:])
+                taken = max(0, taken - len(data))
     finally:
         for fd in fds:
             os.close(fd)
 
 
 def _answer_bytes(answer: list, frame: messages.ResponseFrame):
-    """The answer's prefix and outputs as one bytes object, or None when the frame is not
-    the response the prefix announces."""
-    prefix, expected = answer
+    """The answer's bytes (its pieces with the outputs' bytes between them), or None when the
+    frame is not the response the pieces announce."""
+    _, pieces, expected = answer
     outputs = frame.outputs
     if frame.error is not None or frame.parameters or len(outputs) != len(expected):
         return None
-    pieces = [prefix]
-    for out, (name, datatype, shape) in zip(outputs, expected):
+    joined = [pieces[0]]
+    for out, (name, datatype, shape, nbytes), piece in zip(outputs, expected, pieces[1:]):
         location = out.location
         if out.name != name or out.datatype != datatype or list(out.shape) != shape \
-                or not isinstance(location, (bytes, memoryview)):
+                or not isinstance(location, (bytes, memoryview)) \
+                or (location.nbytes if type(location) is memoryview else len(location)) \
+                != nbytes:
             return None
-        pieces.append(location)
-    return b"".join(pieces)
+        joined.append(location)
+        joined.append(piece)
+    return b"".join(joined)
 
 
 def _write(fd: int, answer: bytes) -> bytes:

@@ -118,10 +118,12 @@ class WorkerLoop:
             # Polling after this batch is for its client's next request, when it waits alone.
             self._spin.min_idle_cores = STREAM_MIN_IDLE_CORES if msg.lone else MIN_IDLE_CORES
         block = self._input_block(msg.input_block)
-        answers = sum(1 for r in msg.requests if r.answer is not None)
+        # The batch's distinct client sockets, which the answers name by index.
+        sockets = max((r.answer[0] + 1 for r in msg.requests if r.answer is not None),
+                      default=0)
         client_fds = []
-        if answers and self._client_sockets is not None:
-            client_fds = self._client_sockets.take(msg.batch_id, answers)
+        if sockets and self._client_sockets is not None:
+            client_fds = self._client_sockets.take(msg.batch_id, sockets)
         table = self._table
         decoupled = self._runner.decoupled
         requests = []
@@ -182,7 +184,7 @@ class WorkerLoop:
         frames = [self._frame(resp, r.output_regions, r.device_outputs) if r.ready
                   else _unread_frame() for resp, r in zip(responses, msg.requests)]
         if client_fds:
-            write_prepared(frames, msg.requests, client_fds)
+            write_prepared(frames, msg.requests, client_fds, self._client_sockets.backed_up)
         # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,

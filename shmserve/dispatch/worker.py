@@ -99,9 +99,12 @@ class WorkRequest:
     trace: object = None  # its tracing.Trace, if sampled
     # Outputs a GPU instance keeps on its GPU when the model made them there (DeviceTensor).
     device_outputs: tuple = ()
-    # Its answer to its client, prepared up to the outputs' bytes, that the worker may write
-    # (an object with `frame`, messages.RequestFrame.answer, and `socket_fd()`, the socket
-    # to write it to, or -1 when it cannot be written there now); None for none.
+    # Its answer to its client, prepared up to the outputs' bytes, that the worker may write;
+    # None for none. An object with `lend(holder)`, the descriptor of the socket to write it
+    # to, lent to the worker `holder` (this handle, whose batches write in turn), or -1 when
+    # it cannot be written there now; `frame`, then messages.RequestFrame.answer without the
+    # socket index; and `returned(unsent)`, called once the batch that had the socket is over:
+    # what the socket did not take, or None when the worker did not write it.
     answer: object = None
 
 
@@ -310,16 +313,17 @@ class WorkerHandle:
         batch_id = next(self._batch_ids)
         slot = None
         rows = self._take_rows(batch)
+        lent = ()
         try:
-            answering = self._lend_sockets(batch_id, batch)
-            frames, pieces, nbytes = _layout(batch, rows, answering)
+            sockets, lent = self._lend_sockets(batch_id, batch)
+            frames, pieces, nbytes = _layout(batch, rows, sockets)
             block, slot = self._place_block(pieces, nbytes)
             future = self._loop.create_future()
             self._map_regions(batch)
             plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
             if self._hang_timeout:
                 self._watch_for_hang()
-            self._pending[batch_id] = (future, slot, plain_rows, len(batch))
+            self._pending[batch_id] = (future, slot, plain_rows, len(batch), lent)
             for row, req in zip(rows, batch):
                 if req.stream is not None:
                     self._streams[row] = req.stream
@@ -333,6 +337,7 @@ class WorkerHandle:
                     self._front_spin.watch(future)
         except BaseException as exc:
             self._pending.pop(batch_id, None)
+            _return_answers(lent, None)
             self._free_block(slot)
             for row in rows:
                 self._streams.pop(row, None)
@@ -344,25 +349,40 @@ class WorkerHandle:
             raise
         return future
 
-    def _lend_sockets(self, batch_id: int, batch: list) -> Optional[list]:
-        """Send the worker the client sockets of the batch's prepared answers: per request,
-        whether the worker has its socket and so may answer it; None when none does."""
+    def _lend_sockets(self, batch_id: int, batch: list) -> tuple[Optional[list], list]:
+        """Send the worker the client sockets of the batch's prepared answers. Returns, per
+        request, the index of its socket among those sent, or -1 when the worker may not
+        answer it (None when none may); and the requests whose answers were lent, as
+        (index in the batch, answer)."""
         if self._lender is None:
-            return None
+            return None, []
         fds = []
-        answering = []
-        for req in batch:
-            fd = req.answer.socket_fd() if req.answer is not None else -1
-            answering.append(fd >= 0)
-            if fd >= 0:
+        index_of = {}  # descriptor -> its index in fds: an HTTP/2 connection is sent once
+        sockets = []
+        lent = []
+        for i, req in enumerate(batch):
+            answer = req.answer
+            fd = answer.lend(self) if answer is not None else -1
+            if fd < 0:
+                sockets.append(-1)
+                continue
+            index = index_of.get(fd)
+            if index is None:
+                index = index_of[fd] = len(fds)
                 fds.append(fd)
-        if not fds or len(fds) > messages.MAX_LENT_SOCKETS:  # the front answers a larger one
-            return None
+            sockets.append(index)
+            lent.append((i, answer))
+        if not lent:
+            return None, []
+        if len(fds) > messages.MAX_LENT_SOCKETS:  # the front answers a larger one
+            _return_answers(lent, None)
+            return None, []
         try:
             socket.send_fds(self._lender, [batch_id.to_bytes(8, "little")], fds)
         except OSError:  # the worker is behind, or gone: the front answers these
-            return None
-        return answering
+            _return_answers(lent, None)
+            return None, []
+        return sockets, lent
 
     def _close_lender(self) -> None:
         if self._lender is not None:
@@ -532,10 +552,16 @@ class WorkerHandle:
             entry = self._pending.pop(msg.batch_id, None)
             if entry is None:
                 return
-            future, slot, rows, count = entry
+            future, slot, rows, count, lent = entry
             self._free_block(slot)
             for row in rows:
                 self._rows.give_back(row)
+            if lent:  # first: what the sockets did not take goes out before anything else
+                if msg.responses:
+                    for index, answer in lent:
+                        answer.returned(msg.responses[index].unsent)
+                else:
+                    _return_answers(lent, None)
             if msg.responses:
                 responses = [self._response(frame) for frame in msg.responses]
             else:  # a decoupled model's batch: its responses went to the streams
@@ -735,19 +761,28 @@ class WorkerHandle:
         for stream in streams.values():
             stream.fail(error)
         pending, self._pending = self._pending, {}
-        for future, slot, _, _ in pending.values():
+        for future, slot, _, _, lent in pending.values():
+            # A worker that died in its model's execute wrote nothing; one that died within
+            # its few writes of the answers, after it, may leave a connection garbled.
+            _return_answers(lent, None)
             self._free_block(slot)
             if not future.done():
                 future.set_exception(error)
 
 
-def _layout(batch: list, rows: list, answering: Optional[list] = None
+def _return_answers(lent: list, unsent) -> None:
+    for _, answer in lent:
+        answer.returned(unsent)
+
+
+def _layout(batch: list, rows: list, sockets: Optional[list] = None
             ) -> tuple[list, list, int]:
     """The batch's RequestFrames, with its input bytes laid out as one block, input-major: for
     each input name, in order of first appearance, the tensors of that name of every request
     that has one, back to back in batch order (so a batched model can view them as one array).
 
-    `answering`: per request, whether its prepared answer goes to the worker (None: none).
+    `sockets`: per request, the index of the client socket its prepared answer goes to, or
+    -1 when the front answers it (None: the front answers all).
 
     Returns the frames (each input located within the block), the block's pieces in order
     (alignment padding included), and the block's size.
@@ -774,7 +809,9 @@ def _layout(batch: list, rows: list, answering: Optional[list] = None
                           for name, s in req.output_regions.items()}
         trace = req.trace
         trace_id, trace_context = (0, "") if trace is None else (trace.id, trace.context)
-        answer = req.answer.frame if answering is not None and answering[index] else None
+        answer = None
+        if sockets is not None and sockets[index] >= 0:
+            answer = [sockets[index], *req.answer.frame]
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,

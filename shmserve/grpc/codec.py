@@ -144,7 +144,8 @@ def read_model_infer_request(wire: bytes) -> InferRequest:
     # head, not raw) are decoded anew each time.
     takes_raw = [t.data is not None for t in request.inputs]
     if sum(takes_raw) == len(raw):
-        _TEMPLATES.put(head, (RequestTemplate(request), None if all(takes_raw) else takes_raw))
+        request.template = RequestTemplate(request)
+        _TEMPLATES.put(head, (request.template, None if all(takes_raw) else takes_raw))
     return request
 
 
@@ -333,6 +334,29 @@ def serialize_model_infer_response(resp: InferResponse) -> bytes:
     elements appended after the other fields."""
     pieces, _ = _response_pieces(resp)
     return b"".join(pieces)
+
+
+def prepared_message(resp: InferResponse):
+    """The wire bytes of the ModelInferResponse for `resp` as pieces around its outputs'
+    bytes, for responses that differ from it only in those bytes: (pieces, the message's
+    size, [[name, datatype, shape, nbytes] of each output]), the message being pieces[0],
+    output 0, pieces[1], ..., pieces[n], as serialize_model_infer_response writes it. None
+    when the message says more than the outputs' names, datatypes and shapes (parameters)
+    or their sizes vary (BYTES)."""
+    outputs = resp.outputs
+    if resp.parameters or any(out.parameters or out.datatype == "BYTES" for out in outputs):
+        return None
+    pieces = [_response_head_bytes(resp)]
+    size = len(pieces[0])
+    expected = []
+    for out in outputs:
+        nbytes = memoryview(out.data).nbytes
+        tag = _RAW_OUTPUT_TAG + _varint(nbytes)
+        pieces[-1] += tag
+        pieces.append(b"")
+        size += len(tag) + nbytes
+        expected.append([out.name, out.datatype, list(out.shape), nbytes])
+    return pieces, size, expected
 
 
 # ModelStreamInferResponse's infer_response is its field 2, length-delimited.

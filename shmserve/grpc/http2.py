@@ -141,6 +141,8 @@ class ServerConnection:
                  connection_window: int, max_frame_size: int, max_header_list_size: int):
         self.listener = listener
         self.streams: dict[int, _Stream] = {}
+        # Streams whose whole answer another writer has (lend_stream), until return_stream.
+        self._lent: dict[int, _Stream] = {}
         self.last_stream_id = 0
         self.max_frame_size = max_frame_size  # inbound
         self.max_outbound_frame_size = DEFAULT_FRAME_SIZE
@@ -346,7 +348,7 @@ class ServerConnection:
         if len(payload) != 4:
             raise Http2Error(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         self._check_idle(sid, "RST_STREAM")
-        if self.streams.pop(sid, None) is not None:
+        if self.streams.pop(sid, None) is not None or sid in self._lent:
             self.listener.on_reset(sid)
 
     def _on_settings(self, flags: int, sid: int, payload) -> None:
@@ -364,7 +366,7 @@ class ServerConnection:
                     raise Http2Error(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE over 2^31-1")
                 delta = value - self._peer_stream_window
                 self._peer_stream_window = value
-                for stream in self.streams.values():
+                for stream in (*self.streams.values(), *self._lent.values()):
                     stream.send_window += delta
                     if stream.send_window > MAX_WINDOW:
                         raise Http2Error(FLOW_CONTROL_ERROR, "a stream window over 2^31-1")
@@ -469,6 +471,49 @@ class ServerConnection:
         if end_stream:
             self._close_local(sid, stream)
 
+    def lend_stream(self, sid: int, headers: tuple, data_size: int,
+                    trailers: tuple) -> tuple[bytes, bytes] | None:
+        """Hand the whole answer of stream `sid` (whose client has sent all of it) to another
+        writer: HEADERS with `headers`, one DATA frame of `data_size` bytes, then `trailers`,
+        which end the stream. Returns the frames before the DATA frame's payload and those
+        after it, for that writer to write; None when they cannot go so now (the window or
+        the frame size is too small, or the next header block owes a table size update).
+
+        From now on the stream is closed on this side, and its DATA counts against the
+        windows: nothing this side sends can slip into it, and nothing sent after it can
+        overdraw them. `return_stream` ends the loan."""
+        stream = self.streams.get(sid)
+        if stream is None or not stream.local_open or stream.remote_open \
+                or self._signal_table_size:
+            return None
+        limit = self.max_outbound_frame_size
+        if data_size > min(stream.send_window, self._send_window, limit):
+            return None
+        head_block = encode_headers(headers)
+        trailer_block = encode_headers(trailers)
+        if len(head_block) > limit or len(trailer_block) > limit:
+            return None
+        stream.send_window -= data_size
+        self._send_window -= data_size
+        self._close_local(sid, stream)
+        self._lent[sid] = stream
+        return (_frame(HEADERS, END_HEADERS, sid, head_block)
+                + _FRAME_HEAD.pack(data_size << 8 | DATA, 0, sid),
+                _frame(HEADERS, END_STREAM | END_HEADERS, sid, trailer_block))
+
+    def return_stream(self, sid: int, data_size: int, written: bool, reopen: bool) -> None:
+        """The end of `lend_stream`'s loan. When the other writer did not write the answer,
+        its window comes back, and with `reopen` the stream is open again on this side, for
+        this side to answer (not for a call that ended meanwhile)."""
+        stream = self._lent.pop(sid, None)
+        if stream is None or written:
+            return
+        self._send_window += data_size
+        if reopen:
+            stream.send_window += data_size
+            stream.local_open = True
+            self.streams[sid] = stream
+
     def _close_local(self, sid: int, stream: _Stream) -> None:
         stream.local_open = False
         if not stream.remote_open:
@@ -503,6 +548,10 @@ class ServerConnection:
         if not self._goaway_sent:
             self._goaway_sent = True
             self._out.append(_frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code)))
+
+    def has_output(self) -> bool:
+        """Frames are queued that data_to_send has not taken yet."""
+        return bool(self._out)
 
     def data_to_send(self) -> list:
         """The frames queued since the last call, as chunks to write in order."""

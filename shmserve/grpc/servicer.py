@@ -18,6 +18,7 @@ from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, D
                                 DecoupledModel)
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.grpc import codec, transport
+from shmserve.grpc.prepared_answers import AnswerBook
 from shmserve.grpc.transport import GrpcServer, Method, RpcError
 from shmserve.inference import StreamedResponse
 from shmserve.stats import stats_json
@@ -81,12 +82,14 @@ _CATEGORIES = {
 class InferenceServicer:
     def __init__(self, dataplane: DataPlane,
                  max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
-                 header_pattern=None):
+                 header_pattern=None, prepare_answers: bool = True):
         """`header_pattern`: metadata whose names it matches become request parameters
-        (--grpc-header-forward-pattern; header_forwarding.py), or None."""
+        (--grpc-header-forward-pattern; header_forwarding.py), or None. `prepare_answers`:
+        models' workers may write infer answers (--worker-answers; prepared_answers.py)."""
         self.dp = dataplane
         self.max_inflight_per_stream = max_inflight_per_stream
         self.header_pattern = header_pattern
+        self.prepare_answers = prepare_answers
 
     async def ServerLive(self, request):
         return proto.ServerLiveResponse(live=self.dp.server_live())
@@ -210,11 +213,22 @@ class InferenceServicer:
         if self.dp.tracer.on:
             infer_request.received = (("GRPC_WAITREAD_END", time.perf_counter_ns()),)
             infer_request.traceparent = _traceparent(context)
+        book = None
+        if self.prepare_answers and not context.response_encoding:
+            book = context.conn.memo
+            if book is None:
+                book = context.conn.memo = AnswerBook()
+            infer_request.answer = book.lookup(infer_request.template, context)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
+        if response.unsent is not None:  # the model's worker wrote the answer
+            response.done()
+            return transport.SENT
+        if book is not None:
+            book.learn(infer_request.template, response)
         trace = response.trace
         if trace is not None:
             trace.stamp("GRPC_SEND_START", time.perf_counter_ns())
@@ -536,16 +550,17 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  keepalive: tuple = (transport.KEEPALIVE_TIME_S, transport.KEEPALIVE_TIMEOUT_S,
                                      False),
                  connection_age: tuple = (0.0, 0.0),
-                 response_compression: str = "none") -> GrpcServer:
+                 response_compression: str = "none",
+                 prepare_answers: bool = True) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's
     (restricted_api.parse_restrictions); `keepalive`: (time s, timeout s, without calls);
     `connection_age`: (max age s, grace s), 0 for no limit; `response_compression`:
-    --grpc-infer-response-compression-level."""
+    --grpc-infer-response-compression-level; `prepare_answers`: --worker-answers."""
     restrictions = restrictions or {}
     return GrpcServer({
-        **_methods(proto.SERVICE_NAME, InferenceServicer(dataplane, max_inflight_per_stream,
-                                                         header_pattern), restrictions),
+        **_methods(proto.SERVICE_NAME, InferenceServicer(
+            dataplane, max_inflight_per_stream, header_pattern, prepare_answers), restrictions),
         **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane), restrictions),
     }, max_message_size, keepalive_time=keepalive[0], keepalive_timeout=keepalive[1],
         keepalive_without_calls=keepalive[2], max_connection_age=connection_age[0],

@@ -65,6 +65,8 @@ _WBITS = {b"gzip": 31, b"deflate": 15}
 COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 _RANKED = (b"gzip", b"deflate")
 _ENCODED_HEADERS = {name: _RESPONSE_HEADERS + ((b"grpc-encoding", name),) for name in _RANKED}
+# What a unary handler returns when its answer was written by other means (lend_answer).
+SENT = object()
 
 
 class RpcError(Exception):
@@ -95,7 +97,7 @@ class _Call:
 
     __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "response_encoding",
                  "buffer", "messages", "remote_ended", "waiter", "unacked", "task", "deadline",
-                 "expired", "headers_sent", "finished")
+                 "expired", "headers_sent", "finished", "lent")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, headers: list,
                  encoding: bytes | None, response_encoding: bytes | None = None):
@@ -115,6 +117,7 @@ class _Call:
         self.expired = False
         self.headers_sent = False
         self.finished = False
+        self.lent = 0  # the DATA size of its answer while another writer has it, else 0
 
     # The handler's context.
     def invocation_metadata(self) -> tuple:
@@ -163,11 +166,23 @@ class _Connection(asyncio.Protocol):
         self._aging: asyncio.TimerHandle | None = None  # --grpc-max-connection-age
         self._window_waiters: list = []  # futures of calls waiting for a send window
         self._keepalive: asyncio.TimerHandle | None = None  # next PING, or its deadline
+        # Answers lent to a model's worker (lend_answer) whose batches are not over, and that
+        # worker: until they are, this side writes nothing.
+        self._lent = 0
+        self._lent_to = None
+        # A lent socket once took only part of its answers: no more loans, so that no worker
+        # writes while this side still has the rest to write.
+        self._backed_up = False
+        self._fd = -1  # the socket's descriptor, when it may be lent (not TLS)
+        self.memo = None  # the servicer's, per connection (its prepared answers)
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.loop = asyncio.get_running_loop()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._fd = sock.fileno()
         self.http2 = http2.ServerConnection(
             self, max_concurrent_streams=MAX_CONCURRENT_STREAMS, stream_window=STREAM_WINDOW,
             connection_window=CONNECTION_WINDOW, max_frame_size=MAX_FRAME_SIZE,
@@ -216,6 +231,8 @@ class _Connection(asyncio.Protocol):
 
     # Writing
     def flush(self) -> None:
+        if self._lent:  # a model's worker may be writing: ours wait (answer_returned)
+            return
         chunks = self.http2.data_to_send()
         if chunks and not self.transport.is_closing():
             self.transport.writelines(chunks)
@@ -229,6 +246,59 @@ class _Connection(asyncio.Protocol):
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
         self.flush()
+
+    # Answers a model's worker writes (see prepared_answers.py)
+    def lend_answer(self, call: _Call, holder, message_size: int):
+        """Lend the socket for `call`'s answer, one message of `message_size` bytes, to the
+        worker `holder` (a token): (the socket's descriptor, the frames before the message
+        and after it), or None when it cannot be lent now. A connection is lent to one
+        worker at a time, which writes its batches' answers in turn (a client often sends
+        its next call before the front has heard that the worker answered the last), and
+        only when nothing of ours waits to be written: a loan to a later batch would hold
+        up our frames (a PING's ACK, a WINDOW_UPDATE, an error) for longer still."""
+        if self._fd < 0 or call.finished or call.headers_sent or call.response_encoding \
+                or message_size > self.server.max_message_size or self._backed_up \
+                or self._lent_to not in (None, holder) or self.transport.is_closing() \
+                or (self._paused is not None and not self._paused.done()):
+            return None
+        if not self._lent:
+            self.flush()
+            if self.transport.get_write_buffer_size():
+                return None
+        elif self.http2.has_output():
+            return None  # this side has something to say: the loans end first
+        data_size = message_size + 5
+        frames = self.http2.lend_stream(call.stream_id, _RESPONSE_HEADERS, data_size,
+                                        _OK_TRAILERS)
+        if frames is None:
+            return None
+        before, after = frames
+        call.lent = data_size
+        self._lent += 1
+        self._lent_to = holder
+        return self._fd, before + b"\0" + message_size.to_bytes(4, "big"), after
+
+    def answer_returned(self, call: _Call, unsent) -> None:
+        """The batch that had `call`'s answer is over: `unsent` is what the socket did not
+        take of it (written here at once: the worker writes no more to a socket that left
+        some, workers/answers.py), or None when the worker did not write it (this side
+        answers as usual). The connection's own frames go out after the last lent answer."""
+        written = unsent is not None
+        self.http2.return_stream(call.stream_id, call.lent, written, not call.finished)
+        call.lent = 0
+        if unsent:
+            self._backed_up = True
+            if not self.transport.is_closing():
+                self.transport.write(unsent)
+        if written and not call.finished:
+            call.finished = True
+            self._forget(call)
+        self._lent -= 1
+        if not self._lent:
+            self._lent_to = None
+            self.flush()
+        if not written and call.expired and not call.finished and call.task is not None:
+            call.task.cancel()  # its deadline passed while the worker had it
 
     def goaway(self) -> None:
         self.http2.close_connection()
@@ -383,6 +453,9 @@ class _Connection(asyncio.Protocol):
         call.deadline = None
         if call.finished:
             return
+        if call.lent:  # its answer may be on the wire already: answer_returned decides
+            call.expired = True
+            return
         if call.task is not None and not call.task.done():
             call.expired = True
             call.task.cancel()
@@ -467,7 +540,8 @@ class _Connection(asyncio.Protocol):
 
     async def _unary(self, call: _Call) -> None:
         response = await call.method.handler(self.take(call), call)
-        await self._send_message(call, call.method.serialize(response))
+        if response is not SENT:
+            await self._send_message(call, call.method.serialize(response))
 
     async def _stream(self, call: _Call) -> None:
         serialize = call.method.serialize

@@ -28,8 +28,11 @@ class PreparedAnswer:
         self.frame = frame  # ipc.messages.RequestFrame.answer
         self._connection = connection
 
-    def socket_fd(self) -> int:
+    def lend(self, holder) -> int:
         return self._connection.lendable_fd()
+
+    def returned(self, unsent) -> None:
+        """The handler, which the answer's request holds up, writes `unsent`: nothing to do."""
 
 
 class AnswerBook:
@@ -59,5 +62,6 @@ class AnswerBook:
             return
         self._key = key
         self._version = response.model_version
-        self._frame = [head + chunks[0],
-                       [[o.name, o.datatype, list(o.shape)] for o in outputs]]
+        self._frame = [[head + chunks[0], *(b"" for _ in outputs)],
+                       [[o.name, o.datatype, list(o.shape), memoryview(chunk).nbytes]
+                        for o, chunk in zip(outputs, chunks[1:])]]

@@ -41,14 +41,15 @@ instance; the caller frees it after the call's final reply. A large output trave
 (`MapSystemRegion`) first: the caller copies it out and sends a "release" call with the same
 id, which gives the target's slots back.
 
-A request may come with a prepared answer (`RequestFrame.answer`): the bytes that precede its
-outputs in the answer to its client, and the outputs (name, datatype, shape) those bytes
-announce. The front sends the client's socket for it, before the `Execute`, over a second
-socket (`Init.answer_fd`): one packet per batch, the batch id as 8 little-endian bytes and the
-sockets as SCM_RIGHTS, in the order of the requests that have an answer. When the model's
-response has exactly those outputs, all inline and nothing else, the worker writes the
-prepared bytes and the outputs' bytes to the socket itself, and its `ResponseFrame` carries
-what the socket did not take (`unsent`, empty when it took all) instead of the outputs.
+A request may come with a prepared answer (`RequestFrame.answer`): the bytes around its outputs
+in the answer to its client, and the outputs (name, datatype, shape, size) those bytes
+announce. The front sends the clients' sockets for a batch, before its `Execute`, over a
+second socket (`Init.answer_fd`): one packet per batch, the batch id as 8 little-endian bytes
+and the batch's distinct sockets as SCM_RIGHTS; each answer names its socket by its index
+there (an HTTP/2 connection carries many calls). When the model's response has exactly those
+outputs, all inline and nothing else, the worker writes the answer to the socket itself, a
+socket's answers in one write in request order, and its `ResponseFrame` carries what the socket
+did not take (`unsent`, empty when it took all) instead of the outputs.
 """
 
 from dataclasses import dataclass, field
@@ -187,7 +188,8 @@ class RequestFrame:
     trace_context: str = ""
     # Outputs to keep in device memory if the model made them there (DEVICE_MEMORY).
     device_outputs: Union[list, tuple] = field(default_factory=list)
-    # [prefix bytes, [[name, datatype, shape], ...]]: its prepared answer, or None.
+    # Its prepared answer, or None: [socket index, pieces, [[name, datatype, shape, nbytes],
+    # ...]], the answer being pieces[0], output 0, pieces[1], ..., output n-1, pieces[n].
     answer: Optional[list] = None
 
     def to_wire(self) -> list:

@@ -1,8 +1,10 @@
-"""A model's worker writes HTTP infer answers itself (--worker-answers, on by default; see
-shmserve/http/prepared_answers.py): on the wire nothing may change. Raw requests on real
-sockets go to two servers, one with and one without, and must get the same bytes back; the
-worker's own write count (/proc/<pid>/io) shows which of them wrote the answers."""
+"""A model's worker writes HTTP and gRPC infer answers itself (--worker-answers, on by default;
+see shmserve/http/prepared_answers.py and shmserve/grpc/prepared_answers.py): on the wire
+nothing may change. Requests go to two servers, one with and one without, and must get the same
+answers back (raw HTTP requests on real sockets the same bytes); the worker's own write count
+(/proc/<pid>/io) shows which of them wrote the answers."""
 
+import functools
 import json
 import os
 import random
@@ -12,6 +14,8 @@ import threading
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tests.conftest import start_server, stop_server
 
@@ -224,5 +228,116 @@ def test_a_client_that_leaves_before_its_answer_costs_nobody_else(servers):
         answers = exchange(srv.http_port, [infer_request("slow", {"INPUT0": value})] * 2)
         for answer in answers:
             assert np.array_equal(binary_output(answer), value)
+    assert srv.workers() == worker_pids  # no worker died
+    assert "Traceback" not in srv.log()[logged:]
+
+
+# gRPC: an answer is three HTTP/2 frames on a connection many calls share (see
+# shmserve/grpc/prepared_answers.py).
+
+def _grpc_inputs(inputs: dict) -> list:
+    out = []
+    for name, a in inputs.items():
+        tensor = grpcclient.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
+        tensor.set_data_from_numpy(a)
+        out.append(tensor)
+    return out
+
+
+def _grpc_call(client, model: str, inputs: dict, **kwargs):
+    """The call's ModelInferResponse as bytes, or (status, message) of its error."""
+    try:
+        result = client.infer(model, _grpc_inputs(inputs), **kwargs)
+    except InferenceServerException as exc:
+        return exc.status(), exc.message()
+    return result.get_response().SerializeToString()
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["worker-answers", "front-answers"])
+def test_grpc_repeated_calls_are_answered_by_whichever_side_is_set(servers, on):
+    srv = servers[on]
+    rng = np.random.default_rng(5)
+    worker = _worker_of(srv, "identity_fp32_0_0")
+    with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+        _grpc_call(client, "identity_fp32", {"INPUT0": _vector(rng)})  # prepares the rest
+        before = written_by(worker)
+        for _ in range(30):
+            tensor = _vector(rng)
+            result = client.infer("identity_fp32", _grpc_inputs({"INPUT0": tensor}))
+            assert np.array_equal(result.as_numpy("OUTPUT0"), tensor)
+    grown = written_by(worker) - before
+    # Each answer is 150 bytes or more (frames, message, 64 bytes of output).
+    assert (grown >= 30 * 150) if on else (grown < 150), grown
+
+
+def test_grpc_answers_are_the_same_either_way(servers):
+    rng = np.random.default_rng(6)
+    mode = {m: {"MODE": np.array([m], np.int32)} for m in (0, 1)}
+    calls = [
+        *(("identity_fp32", {"INPUT0": _vector(rng)}, {}) for _ in range(3)),
+        *(("identity_fp32", {"INPUT0": _vector(rng, rows=2)}, {}) for _ in range(2)),
+        # Same fields, other outputs: the model leaves B out for MODE 1.
+        ("partial_out", mode[0], {}), ("partial_out", mode[0], {}),
+        ("partial_out", mode[1], {}), ("partial_out", mode[0], {}),
+        *(("partial_out", mode[0], {"outputs": [grpcclient.InferRequestedOutput("B")]})
+          for _ in range(2)),
+        *(("error_response", {"INPUT0": _vector(rng).ravel()}, {}) for _ in range(2)),
+        *(("raiser", {"INPUT0": _vector(rng).ravel()}, {}) for _ in range(2)),
+        *(("identity_fp32", {"INPUT0": _vector(rng)}, {"request_id": "x"}) for _ in range(2)),
+        *(("identity_fp32", {"INPUT0": _vector(rng)}, {}) for _ in range(2)),
+    ]
+    got = {}
+    for on, srv in servers.items():
+        with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+            got[on] = [_grpc_call(client, model, inputs, **kw) for model, inputs, kw in calls]
+    assert got[True] == got[False]
+    assert "bad thing" in got[True][11][1] and "raiser always fails" in got[True][13][1]
+
+
+@pytest.mark.parametrize("model", ["identity_fp32", "identity_batch"])
+def test_grpc_calls_in_flight_together_each_get_their_own_answer(servers, model):
+    """Many calls at once on one connection, batched together (identity_fp32 on one
+    instance, identity_batch on two at once): each answer on its own stream."""
+    srv = servers[True]
+    rng = np.random.default_rng(7)
+    tensors = [_vector(rng, n=int(rng.integers(1, 4)) * 8) for _ in range(400)]
+    results = [None] * len(tensors)
+    done = threading.Semaphore(0)
+    window = threading.Semaphore(32)
+
+    def finished(index, result, error):
+        results[index] = error if error is not None else result.as_numpy("OUTPUT0")
+        window.release()
+        done.release()
+
+    instances = [f"{model}_0_{i}" for i in range(2 if model == "identity_batch" else 1)]
+    workers = [_worker_of(srv, instance) for instance in instances]
+    before = [written_by(pid) for pid in workers]
+    with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+        for i, tensor in enumerate(tensors):
+            window.acquire()
+            client.async_infer(model, _grpc_inputs({"INPUT0": tensor}),
+                               functools.partial(finished, i))
+        for _ in tensors:
+            assert done.acquire(timeout=60)
+    for tensor, result in zip(tensors, results):
+        assert isinstance(result, np.ndarray) and np.array_equal(result, tensor), result
+    assert all(written_by(pid) - b >= 150 for pid, b in zip(workers, before))
+
+
+def test_grpc_a_call_that_ends_while_the_worker_has_its_answer_costs_nobody_else(servers):
+    """The client's deadline passes while the model runs: the client resets the stream,
+    and the worker may still write the answer; the connection carries on."""
+    srv = servers[True]
+    worker_pids = srv.workers()
+    logged = len(srv.log())
+    seconds = {s: np.array([s], np.float32) for s in (0.0, 0.5, 0.05)}
+    with grpcclient.InferenceServerClient(srv.grpc_url) as client:
+        _grpc_call(client, "slow", {"INPUT0": seconds[0.0]})  # prepares the next
+        status, _ = _grpc_call(client, "slow", {"INPUT0": seconds[0.5]}, client_timeout=0.2)
+        assert status == "StatusCode.DEADLINE_EXCEEDED"
+        for _ in range(4):
+            result = client.infer("slow", _grpc_inputs({"INPUT0": seconds[0.05]}))
+            assert np.array_equal(result.as_numpy("OUTPUT0"), seconds[0.05])
     assert srv.workers() == worker_pids  # no worker died
     assert "Traceback" not in srv.log()[logged:]

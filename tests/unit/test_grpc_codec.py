@@ -468,3 +468,25 @@ def test_a_malformed_request_is_invalid(wire):
     with pytest.raises(ServerError) as info:
         parse_model_infer_request(wire)
     assert info.value.code is Code.INVALID_ARG
+
+
+def test_a_prepared_message_is_the_serialized_one_around_its_outputs():
+    """What the model's worker writes (see shmserve/grpc/prepared_answers.py): the pieces
+    with the outputs' bytes between them are the message this side would send."""
+    outputs = [OutputTensor("A", "FP32", [2, 3], np.arange(6, dtype=np.float32).tobytes()),
+               OutputTensor("B", "INT64", [300], memoryview(np.arange(300).tobytes()))]
+    response = InferResponse("m", "2", "an-id", {}, outputs)
+    pieces, size, expected = codec.prepared_message(response)
+    assert expected == [["A", "FP32", [2, 3], 24], ["B", "INT64", [300], 2400]]
+    joined = pieces[0] + bytes(outputs[0].data) + pieces[1] + bytes(outputs[1].data) + pieces[2]
+    wire = serialize_model_infer_response(response)
+    assert joined == wire and size == len(wire)
+
+
+@pytest.mark.parametrize("response", [
+    InferResponse("m", "1", "", {"p": 1}, [OutputTensor("A", "FP32", [1], b"1234")]),
+    InferResponse("m", "1", "", {}, [OutputTensor("A", "FP32", [1], b"1234", {"q": 1})]),
+    InferResponse("m", "1", "", {}, [OutputTensor("S", "BYTES", [1], b"\1\0\0\0x")]),
+], ids=["parameters", "output-parameters", "bytes"])
+def test_a_message_that_says_more_than_its_outputs_shapes_is_not_prepared(response):
+    assert codec.prepared_message(response) is None

@@ -4,6 +4,8 @@ and what the worker writes with it (workers/answers.py), over real socket pairs.
 import os
 import socket
 
+from unittest import mock
+
 import pytest
 
 from shmserve.http.prepared_answers import AnswerBook
@@ -12,12 +14,13 @@ from shmserve.ipc import messages
 from workers.answers import ClientSockets, write_prepared
 
 PREFIX = b"HTTP/1.1 200 OK\r\n...\r\n\r\n{json}"
-EXPECTED = [["OUT", "FP32", [1, 2]]]
+EXPECTED = [["OUT", "FP32", [1, 2], 8]]
 
 
-def _request(answer=(PREFIX, EXPECTED), ready=True) -> messages.RequestFrame:
-    return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready,
-                                 answer=None if answer is None else [answer[0], answer[1]])
+def _request(socket_index=0, pieces=(PREFIX, b""), expected=EXPECTED,
+             ready=True) -> messages.RequestFrame:
+    answer = None if socket_index is None else [socket_index, list(pieces), expected]
+    return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready, answer=answer)
 
 
 def _frame(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678", error=None,
@@ -58,7 +61,7 @@ def _closed(fd: int) -> bool:
 def test_a_matching_response_is_written_and_its_frame_emptied(client):
     theirs, fd = client
     frames = [_frame(data=memoryview(b"12345678"))]
-    write_prepared(frames, [_request()], [fd])
+    write_prepared(frames, [_request()], [fd], set())
     assert _read_all(theirs) == PREFIX + b"12345678"
     assert frames[0].unsent == b"" and frames[0].outputs == []
     assert _closed(fd)
@@ -71,11 +74,12 @@ def test_a_matching_response_is_written_and_its_frame_emptied(client):
     _frame(error=["INVALID_ARG", "bad"]),
     _frame(parameters={"p": 1}),
     _frame(data=[messages.OUTPUT_ARENA, 0, 8]),  # not inline: the front reads the arena
-], ids=["shape", "name", "datatype", "error", "parameters", "in-arena"])
+    _frame(data=b"1234"),  # not the size announced
+], ids=["shape", "name", "datatype", "error", "parameters", "in-arena", "size"])
 def test_any_other_response_is_left_to_the_front(client, frame):
     theirs, fd = client
     frames = [frame]
-    write_prepared(frames, [_request()], [fd])
+    write_prepared(frames, [_request()], [fd], set())
     assert frames[0] is frame and frame.unsent is None
     assert _read_all(theirs) == b""
     assert _closed(fd)
@@ -85,34 +89,43 @@ def test_extra_or_missing_outputs_are_left_to_the_front(client):
     theirs, fd = client
     frame = _frame()
     frame.outputs.append(messages.TensorRef("MORE", "FP32", [1], b"abcd"))
-    write_prepared([frame], [_request()], [fd])
+    write_prepared([frame], [_request()], [fd], set())
     assert frame.unsent is None and _read_all(theirs) == b""
 
 
-def test_sockets_pair_with_the_requests_that_have_answers():
+def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write():
     pairs = [socket.socketpair() for _ in range(2)]
     try:
         for _, ours in pairs:
             ours.setblocking(False)
-        requests = [_request(), _request(answer=None), _request(ready=False), _request()]
+        # Two answers on socket 0 (two calls of one HTTP/2 connection), with pieces after
+        # the output too; none for the second request; the null request (ready False)
+        # names socket 1 but is not answered; socket 1 gets the last.
+        requests = [_request(0, (b"<a", b"a>")), _request(None), _request(1, ready=False),
+                    _request(1), _request(0, (b"<d", b"d>"))]
         frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(),
-                  _frame(data=b"DDDDDDDD")]
-        # The null request (ready False) still holds a socket of the batch, unused.
-        spare_theirs, spare_ours = socket.socketpair()
-        fds = [os.dup(pairs[0][1].fileno()), os.dup(spare_ours.fileno()),
-               os.dup(pairs[1][1].fileno())]
-        write_prepared(frames, requests, fds)
-        assert _read_all(pairs[0][0]) == PREFIX + b"AAAAAAAA"
-        assert _read_all(spare_theirs) == b""
-        assert _read_all(pairs[1][0]) == PREFIX + b"DDDDDDDD"
-        assert frames[1].unsent is None and frames[2].unsent is None
+                  _frame(data=b"CCCCCCCC"), _frame(data=b"DDDDDDDD")]
+        fds = [os.dup(ours.fileno()) for _, ours in pairs]
+        with mock.patch("workers.answers.os.write", wraps=os.write) as write:
+            write_prepared(frames, requests, fds, set())
+        assert write.call_count == 2
+        assert _read_all(pairs[0][0]) == b"<aAAAAAAAAa><dDDDDDDDDd>"
+        assert _read_all(pairs[1][0]) == PREFIX + b"CCCCCCCC"
+        assert [f.unsent for f in frames] == [b"", None, None, b"", b""]
         assert all(_closed(fd) for fd in fds)
-        spare_theirs.close()
-        spare_ours.close()
     finally:
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_outputs_go_between_the_pieces(client):
+    theirs, fd = client
+    expected = [["A", "INT32", [1], 4], ["B", "FP32", [2], 8]]
+    frame = messages.ResponseFrame(None, [messages.TensorRef("A", "INT32", [1], b"aaaa"),
+                                          messages.TensorRef("B", "FP32", [2], b"bbbbbbbb")])
+    write_prepared([frame], [_request(0, (b"1", b"2", b"3"), expected)], [fd], set())
+    assert _read_all(theirs) == b"1aaaa2bbbbbbbb3"
 
 
 def test_what_a_full_socket_does_not_take_goes_back_to_the_front(client):
@@ -127,15 +140,32 @@ def test_what_a_full_socket_does_not_take_goes_back_to_the_front(client):
     finally:
         filler.close()
     frames = [_frame(data=b"12345678")]
-    write_prepared(frames, [_request()], [fd])
+    write_prepared(frames, [_request()], [fd], set())
     assert frames[0].unsent == PREFIX + b"12345678"
+
+
+def test_a_socket_that_takes_part_of_its_answers_returns_the_rest_of_each(client):
+    theirs, fd = client
+    frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(data=b"CCCCCCCC")]
+    requests = [_request(0, (b"<", b">")) for _ in frames]
+    backed_up = set()
+    inode = os.fstat(fd).st_ino
+    again = os.dup(fd)  # the same socket, lent again with a later batch
+    with mock.patch("workers.answers.os.write", side_effect=lambda fd, data: 5):
+        write_prepared(frames, requests, [fd], backed_up)
+    assert [f.unsent for f in frames] == [b"AAAA>", b"<BBBBBBBB>", b"<CCCCCCCC>"]
+    # The front writes the rest: the worker writes no more to that socket.
+    assert backed_up == {inode}
+    frames = [_frame(data=b"DDDDDDDD")]
+    write_prepared(frames, [_request()], [again], backed_up)
+    assert frames[0].unsent is None and _read_all(theirs) == b"" and _closed(again)
 
 
 def test_a_client_gone_is_not_an_error(client):
     theirs, fd = client
     theirs.close()
     frames = [_frame(data=b"12345678")]
-    write_prepared(frames, [_request()], [fd])
+    write_prepared(frames, [_request()], [fd], set())
     assert frames[0].unsent == b""  # nothing for the front to write to a closed connection
 
 
@@ -173,7 +203,7 @@ def test_the_book_keeps_binary_answers_and_forgets_others():
     assert book.lookup(key, None) is None
     book.learn(key, b"HEAD", [b"{json}", b"12345678"], _response([out]))
     answer = book.lookup(key, None)
-    assert answer.frame == [b"HEAD{json}", [["OUT", "FP32", [1, 2]]]]
+    assert answer.frame == [[b"HEAD{json}", b""], [["OUT", "FP32", [1, 2], 8]]]
     assert answer.model_version == "1"
     assert book.lookup(("/v2/models/m/infer", b"{other}"), None) is None
     # An output in the JSON header (not binary) cannot be prepared: forgotten.
