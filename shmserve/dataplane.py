@@ -926,7 +926,7 @@ def _response(request: InferRequest, mv, work) -> InferResponse:
         outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
                    if o.name in classes else o for o in outputs]
     return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
-                         release=work.release, unsent=work.unsent)
+                         release=work.release, sent=work.sent)
 
 
 def _cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:

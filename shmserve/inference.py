@@ -84,10 +84,9 @@ class InferResponse:
     # The request's tracing.Trace, if sampled: the transport may stamp when it sent the
     # response before its turn of the event loop ends, when the trace is written.
     trace: Any = None
-    # The model's worker wrote the request's prepared answer (InferRequest.answer) to the
-    # client: what the client's socket did not take, for the transport to write (b"" when it
-    # took all). None when the transport answers as usual.
-    unsent: Optional[bytes] = None
+    # The model's worker writes the request's prepared answer (InferRequest.answer) to the
+    # client itself: the transport only keeps its accounts.
+    sent: bool = False
 
     def done(self) -> None:
         release, self.release = self.release, None

@@ -67,42 +67,52 @@ def _descriptors(ancillary: list) -> list:
 MAX_BACKED_UP = 1024
 
 
-def write_prepared(frames: list, requests: list, fds: list, backed_up: set) -> None:
-    """Write the prepared answers of the batch's `requests` (messages.RequestFrame) whose
-    response frame matches, to the sockets `fds` (the batch's distinct sockets, which each
-    answer names by index), replacing those frames by answered ones; then close the sockets.
+def take_answers(frames: list, requests: list, fds: list, backed_up: set) -> list:
+    """The prepared answers of the batch's `requests` (messages.RequestFrame) whose response
+    frame matches, for write_answers: [(socket, [(request index, answer bytes)])], the
+    sockets being `fds` (the batch's distinct sockets, which each answer names by index).
+    Their frames become `by_worker` frames, for the Result, which goes first. A socket in
+    `backed_up` is left to the front: it still has the rest of an earlier answer to write."""
+    by_socket = {}  # socket index -> [(request index, answer bytes)]
+    for i, request in enumerate(requests):
+        answer = request.answer
+        if answer is None or not request.ready:
+            continue
+        data = _answer_bytes(answer, frames[i])
+        if data is not None:
+            by_socket.setdefault(answer[0], []).append((i, data))
+    taken = []
+    for index, answers in by_socket.items():
+        fd = fds[index]
+        if backed_up and os.fstat(fd).st_ino in backed_up:
+            continue
+        for i, _ in answers:
+            frames[i] = messages.ResponseFrame(None, [], by_worker=True)
+        taken.append((fd, answers))
+    return taken
 
-    A socket's answers go out in one write, in request order (an HTTP/2 connection carries
-    many of the batch's calls). What it does not take goes back to the front, request by
-    request: the rest of the answer it took part of, and the whole of those after it. Such a
-    socket joins `backed_up`, and later batches, which the front may have lent it before it
-    heard, leave it to the front: the front writes the rest, and then theirs."""
-    try:
-        by_socket = {}  # socket index -> [(request index, answer bytes)]
-        for i, request in enumerate(requests):
-            answer = request.answer
-            if answer is None or not request.ready:
-                continue
-            data = _answer_bytes(answer, frames[i])
-            if data is not None:
-                by_socket.setdefault(answer[0], []).append((i, data))
-        for index, answers in by_socket.items():
-            fd = fds[index]
-            if backed_up and os.fstat(fd).st_ino in backed_up:
-                continue
-            data = answers[0][1] if len(answers) == 1 else b"".join(d for _, d in answers)
-            unsent = _write(fd, data)
-            if unsent:
-                if len(backed_up) >= MAX_BACKED_UP:
-                    backed_up.clear()
-                backed_up.add(os.fstat(fd).st_ino)
-            taken = len(data) - len(unsent)
-            for i, data in answers:
-                frames[i] = messages.ResponseFrame(None, [], unsent=data[taken:])
-                taken = max(0, taken - len(data))
-    finally:
-        for fd in fds:
-            os.close(fd)
+
+def write_answers(taken: list, backed_up: set) -> list:
+    """Write take_answers' answers, a socket's in one write, in request order. Returns what
+    the sockets did not take, as [request index, bytes]: the rest of the answer a socket took
+    part of, and the whole of those after it. Such a socket joins `backed_up`: the front
+    writes the rest, and later batches, which it may have lent the socket before it heard,
+    leave the socket to the front."""
+    unsent = []
+    for fd, answers in taken:
+        data = answers[0][1] if len(answers) == 1 else b"".join(d for _, d in answers)
+        left = _write(fd, data)
+        if not left:
+            continue
+        if len(backed_up) >= MAX_BACKED_UP:
+            backed_up.clear()
+        backed_up.add(os.fstat(fd).st_ino)
+        written = len(data) - len(left)
+        for i, answer in answers:
+            if written < len(answer):
+                unsent.append([i, answer[written:]])
+            written = max(0, written - len(answer))
+    return unsent
 
 
 def _answer_bytes(answer: list, frame: messages.ResponseFrame):

@@ -26,6 +26,7 @@ again (an iterative sequence) is listed in `Result.rescheduled`, with an empty f
 
 import functools
 import logging
+import os
 import threading
 import time
 
@@ -37,7 +38,7 @@ from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from workers import cuda
-from workers.answers import ClientSockets, write_prepared
+from workers.answers import ClientSockets, take_answers, write_answers
 from workers.device_tensors import DeviceInputs, KeptOutputs
 from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
@@ -117,13 +118,20 @@ class WorkerLoop:
         if self._spin is not None:
             # Polling after this batch is for its client's next request, when it waits alone.
             self._spin.min_idle_cores = STREAM_MIN_IDLE_CORES if msg.lone else MIN_IDLE_CORES
-        block = self._input_block(msg.input_block)
         # The batch's distinct client sockets, which the answers name by index.
         sockets = max((r.answer[0] + 1 for r in msg.requests if r.answer is not None),
                       default=0)
         client_fds = []
         if sockets and self._client_sockets is not None:
             client_fds = self._client_sockets.take(msg.batch_id, sockets)
+        try:
+            self._run_batch(msg, client_fds)
+        finally:
+            for fd in client_fds:
+                os.close(fd)
+
+    def _run_batch(self, msg: messages.Execute, client_fds: list) -> None:
+        block = self._input_block(msg.input_block)
         table = self._table
         decoupled = self._runner.decoupled
         requests = []
@@ -183,13 +191,20 @@ class WorkerLoop:
         # A null request's answer is dropped unread; a rescheduled request's is already empty.
         frames = [self._frame(resp, r.output_regions, r.device_outputs) if r.ready
                   else _unread_frame() for resp, r in zip(responses, msg.requests)]
+        answers = []
         if client_fds:
-            write_prepared(frames, msg.requests, client_fds, self._client_sockets.backed_up)
-        # Placing outputs (into a client's region, say) is part of producing them, as in Triton.
+            answers = take_answers(frames, msg.requests, client_fds,
+                                   self._client_sockets.backed_up)
+        # Placing outputs (into a client's region, say) is part of producing them, as in
+        # Triton; writing answers to clients is not.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
                                            timings.compute_infer_ns, output_ns, rescheduled,
                                            timings.start_ns))
+        if answers:
+            # After the Result: the front serves the clients' next requests meanwhile.
+            unsent = write_answers(answers, self._client_sockets.backed_up)
+            self._channel.send(messages.Written(msg.batch_id, unsent))
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location

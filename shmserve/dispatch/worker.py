@@ -103,8 +103,11 @@ class WorkRequest:
     # None for none. An object with `lend(holder)`, the descriptor of the socket to write it
     # to, lent to the worker `holder` (this handle, whose batches write in turn), or -1 when
     # it cannot be written there now; `frame`, then messages.RequestFrame.answer without the
-    # socket index; and `returned(unsent)`, called once the batch that had the socket is over:
-    # what the socket did not take, or None when the worker did not write it.
+    # socket index; `returned(unsent)`, called once the worker is done with the socket: what
+    # it did not take of the answer (the worker wrote it, after the batch's Result), or None
+    # when the worker did not write the answer (called then at the Result, or when the batch
+    # could not be sent or failed); and `lost()`, called instead when the worker died while
+    # writing it (the connection may hold part of it).
     answer: object = None
 
 
@@ -132,9 +135,8 @@ class WorkResponse:
     # The output arena as a Region, when outputs are in it: another instance can then read
     # them in place (an ensemble's next step), as long as `release` has not been called.
     arena: Optional[Region] = None
-    # The worker wrote the request's prepared answer: what its client's socket did not take
-    # (b"" when it took all). None when the worker did not answer.
-    unsent: Optional[bytes] = None
+    # The worker writes the request's prepared answer itself (WorkRequest.answer).
+    sent: bool = False
 
 
 @dataclass(slots=True)
@@ -170,6 +172,8 @@ class WorkerHandle:
         self._batch_ids = itertools.count(1)
         # batch id -> (future, input-arena slot or None, table rows to free at its Result)
         self._pending: dict = {}
+        # batch id -> [(index, answer)] of the answers the worker is writing after its Result.
+        self._writing: dict = {}
         self._streams: dict = {}  # table row -> ResponseStream still open
         self._table: Optional[RequestTable] = None
         self._rows: Optional[RowAllocator] = None
@@ -556,12 +560,15 @@ class WorkerHandle:
             self._free_block(slot)
             for row in rows:
                 self._rows.give_back(row)
-            if lent:  # first: what the sockets did not take goes out before anything else
-                if msg.responses:
-                    for index, answer in lent:
-                        answer.returned(msg.responses[index].unsent)
-                else:
-                    _return_answers(lent, None)
+            if lent:
+                writing = []
+                for index, answer in lent:
+                    if msg.responses and msg.responses[index].by_worker:
+                        writing.append((index, answer))
+                    else:
+                        answer.returned(None)  # the front answers it
+                if writing:
+                    self._writing[msg.batch_id] = writing
             if msg.responses:
                 responses = [self._response(frame) for frame in msg.responses]
             else:  # a decoupled model's batch: its responses went to the streams
@@ -576,6 +583,12 @@ class WorkerHandle:
             future.set_result((responses, BatchTimings(
                 msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns,
                 msg.compute_start_ns, self.gpu_uuid)))
+        elif isinstance(msg, messages.Written):
+            writing = self._writing.pop(msg.batch_id, None)
+            if writing is not None:
+                unsent = dict(msg.unsent)  # the rest first: before anything else is written
+                for index, answer in writing:
+                    answer.returned(unsent.get(index, b""))
         elif isinstance(msg, messages.Ready):
             self.readiness_hook = msg.readiness_hook
             self.gpu_uuid = msg.gpu_uuid
@@ -634,8 +647,8 @@ class WorkerHandle:
                 slots.append(offset)
                 continue
             outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-        if frame.unsent is not None:
-            return WorkResponse(None, outputs, frame.parameters, unsent=frame.unsent)
+        if frame.by_worker:
+            return WorkResponse(None, outputs, frame.parameters, sent=True)
         if not slots and not kept:
             return WorkResponse(None, outputs, frame.parameters)
         return WorkResponse(None, outputs, frame.parameters,
@@ -761,10 +774,12 @@ class WorkerHandle:
         for stream in streams.values():
             stream.fail(error)
         pending, self._pending = self._pending, {}
+        writing, self._writing = self._writing, {}
+        for lent in writing.values():
+            for _, answer in lent:
+                answer.lost()
         for future, slot, _, _, lent in pending.values():
-            # A worker that died in its model's execute wrote nothing; one that died within
-            # its few writes of the answers, after it, may leave a connection garbled.
-            _return_answers(lent, None)
+            _return_answers(lent, None)  # it writes answers only after the batch's Result
             self._free_block(slot)
             if not future.done():
                 future.set_exception(error)

@@ -41,6 +41,9 @@ class PreparedAnswer:
     def returned(self, unsent) -> None:
         self._call.conn.answer_returned(self._call, unsent)
 
+    def lost(self) -> None:
+        self._call.conn.answer_lost()
+
 
 class AnswerBook:
     """A connection's last prepared message."""

@@ -224,7 +224,7 @@ class InferenceServicer:
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.unsent is not None:  # the model's worker wrote the answer
+        if response.sent:  # the model's worker writes the answer
             response.done()
             return transport.SENT
         if book is not None:

@@ -279,10 +279,10 @@ class _Connection(asyncio.Protocol):
         return self._fd, before + b"\0" + message_size.to_bytes(4, "big"), after
 
     def answer_returned(self, call: _Call, unsent) -> None:
-        """The batch that had `call`'s answer is over: `unsent` is what the socket did not
-        take of it (written here at once: the worker writes no more to a socket that left
-        some, workers/answers.py), or None when the worker did not write it (this side
-        answers as usual). The connection's own frames go out after the last lent answer."""
+        """The worker is done with `call`'s answer: `unsent` is what the socket did not take
+        of it (written here at once: the worker writes no more to a socket that left some,
+        workers/answers.py), or None when it did not write it (this side answers as usual).
+        The connection's own frames go out after the last lent answer."""
         written = unsent is not None
         self.http2.return_stream(call.stream_id, call.lent, written, not call.finished)
         call.lent = 0
@@ -299,6 +299,12 @@ class _Connection(asyncio.Protocol):
             self.flush()
         if not written and call.expired and not call.finished and call.task is not None:
             call.task.cancel()  # its deadline passed while the worker had it
+
+    def answer_lost(self) -> None:
+        """The worker died while it wrote a lent answer: the client may have part of its
+        frames, so the connection closes."""
+        self._lent -= 1
+        self.transport.close()
 
     def goaway(self) -> None:
         self.http2.close_connection()

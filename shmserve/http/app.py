@@ -189,8 +189,7 @@ class HttpRoutes:
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "HTTP end point doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.unsent is not None:  # the model's worker wrote the answer
-            request.connection.write_raw(response.unsent)
+        if response.sent:  # the model's worker writes the answer
             return SENT
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
@@ -205,7 +204,7 @@ class HttpRoutes:
             headers["Inference-Header-Content-Length"] = str(out_header)
         reply = Response(200, payload, headers=headers)
         if answer_key is not None and out_header is not None \
-                and request.connection.lendable_fd() >= 0:
+                and request.connection.lendable():
             request.connection.memo.learn(
                 answer_key, request.connection.head(200, headers, len(payload)), chunks,
                 response)

@@ -95,9 +95,44 @@ class Response:
             self.headers["Content-Type"] = content_type
 
 
-# Returned by a handler whose answer reached the socket by other means (see
-# _Connection.lendable_fd): nothing is left to write.
+# Returned by a handler whose answer goes to the socket by other means (see
+# _Connection.lend_socket): nothing is left to write.
 SENT = Response(0)
+
+
+class _HeldWrites:
+    """A connection's transport while a model's worker writes to its socket: what the
+    connection writes (and a close) waits, in order, until the worker is done (`replay`)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.ops: list = []
+        self._closed = False
+
+    def write(self, data) -> None:
+        self.ops.append((self.transport.write, bytes(data)))
+
+    def writelines(self, chunks) -> None:
+        self.ops.append((self.transport.writelines, [bytes(c) for c in chunks]))
+
+    def write_eof(self) -> None:
+        self.ops.append((self.transport.write_eof,))
+
+    def close(self) -> None:
+        self._closed = True
+        self.ops.append((self.transport.close,))
+
+    def is_closing(self) -> bool:
+        return self._closed or self.transport.is_closing()
+
+    def __getattr__(self, name):  # reading, flow control, extra info: the transport's own
+        return getattr(self.transport, name)
+
+    def replay(self) -> None:
+        for op, *args in self.ops:
+            if self.transport.is_closing():
+                return
+            op(*args)
 
 
 def error_response(status: int, message: str) -> Response:
@@ -153,6 +188,13 @@ class _Connection(asyncio.Protocol):
         self.loop = server.loop
         self.transport = None
         self.fileno = -1  # the socket's descriptor
+        # Answers lent to a model's worker (lend_socket) that it has not finished writing, and
+        # that worker: meanwhile the transport is a _HeldWrites.
+        self._lent = 0
+        self._lent_to = None
+        # The socket once took only part of a worker's answer: no more loans (the worker
+        # writes no more to it either).
+        self._backed_up = False
         # What a handler keeps from one request of the connection to the next.
         self.memo = None
         self.parser = httptools.HttpRequestParser(self)
@@ -460,22 +502,57 @@ class _Connection(asyncio.Protocol):
             self.task = None
 
     # Writing
-    def lendable_fd(self) -> int:
-        """The socket's descriptor, for another process to write the answer being served
-        (then the handler returns SENT), or -1 when that could come out of order or wrong:
-        this side has bytes of its own waiting to be written, or the answer must say the
-        connection closes. Holds until the handler returns: nothing else is written to the
-        connection while a request is served."""
-        transport = self.transport
-        if self.closing or self.server.stopping or transport.is_closing() \
-                or transport.get_write_buffer_size():
+    def lendable(self) -> bool:
+        """Whether an answer on this connection may be written by a model's worker: not one
+        that must say the connection closes."""
+        return not (self.closing or self.server.stopping or self.transport.is_closing()
+                    or self._backed_up or self.fileno < 0)
+
+    def lend_socket(self, holder) -> int:
+        """The socket's descriptor, for the worker `holder` (a token) to write the answer
+        being served (the handler then returns SENT), or -1 when that could come out of
+        order: this side has bytes of its own waiting to be written, or the socket is lent
+        to another worker. One worker writes its batches' answers in turn, so a request
+        served after the handler returned may be lent to it again. What this side writes
+        meanwhile waits until the worker is done (answer_returned)."""
+        if not self.lendable():
             return -1
+        transport = self.transport
+        if self._lent:
+            if self._lent_to is not holder or transport.ops:
+                return -1  # what waits would come after the worker's next answer
+        elif transport.get_write_buffer_size():
+            return -1
+        else:
+            self.transport = _HeldWrites(transport)
+        self._lent += 1
+        self._lent_to = holder
         return self.fileno
 
-    def write_raw(self, data: bytes) -> None:
-        """Bytes of an answer written by other means, which the socket did not take."""
-        if data and not self.transport.is_closing():
-            self.transport.write(data)
+    def answer_returned(self, unsent) -> None:
+        """The worker is done with a lent answer: `unsent` is what the socket did not take
+        (written first), or None when the worker did not write it (the handler answers).
+        The last one ends the loan, and what waited is written."""
+        held = self.transport
+        if unsent:
+            self._backed_up = True
+            if not held.transport.is_closing():
+                held.transport.write(unsent)
+        self._lent -= 1
+        if not self._lent:
+            self._lent_to = None
+            self.transport = held.transport
+            held.replay()
+
+    def answer_lost(self) -> None:
+        """The worker died while it wrote a lent answer: the client may have part of it, so
+        the connection closes."""
+        self.closing = True
+        self._lent -= 1
+        if not self._lent:
+            self._lent_to = None
+            self.transport = self.transport.transport
+        self.transport.close()
 
     def head(self, status: int, headers: dict, length: int | None) -> bytes:
         closes = self.closing or self.server.stopping

@@ -29,10 +29,13 @@ class PreparedAnswer:
         self._connection = connection
 
     def lend(self, holder) -> int:
-        return self._connection.lendable_fd()
+        return self._connection.lend_socket(holder)
 
     def returned(self, unsent) -> None:
-        """The handler, which the answer's request holds up, writes `unsent`: nothing to do."""
+        self._connection.answer_returned(unsent)
+
+    def lost(self) -> None:
+        self._connection.answer_lost()
 
 
 class AnswerBook:

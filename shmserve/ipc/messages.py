@@ -46,10 +46,13 @@ in the answer to its client, and the outputs (name, datatype, shape, size) those
 announce. The front sends the clients' sockets for a batch, before its `Execute`, over a
 second socket (`Init.answer_fd`): one packet per batch, the batch id as 8 little-endian bytes
 and the batch's distinct sockets as SCM_RIGHTS; each answer names its socket by its index
-there (an HTTP/2 connection carries many calls). When the model's response has exactly those
-outputs, all inline and nothing else, the worker writes the answer to the socket itself, a
-socket's answers in one write in request order, and its `ResponseFrame` carries what the socket
-did not take (`unsent`, empty when it took all) instead of the outputs.
+there (an HTTP/2 connection carries many calls). When the model's response has exactly
+those outputs, all inline and nothing else, the worker writes the answer to the socket itself:
+its `ResponseFrame` says so (`by_worker`) instead of carrying the outputs, and the worker writes
+after it has sent the batch's `Result`, so that the front serves the connection's next request
+meanwhile (it holds its own writes to the socket until the worker is done). A socket's answers
+go in one write, in request order. Then a `Written` frame says what the sockets did not take,
+for the front to write before anything else.
 """
 
 from dataclasses import dataclass, field
@@ -66,7 +69,7 @@ MAX_LENT_SOCKETS = 253
 
 (INIT, READY, EXECUTE, RESULT, RELEASE, SHUTDOWN, BYE, STREAM_RESPONSE, MAP_SYSTEM_REGION,
  MAP_CUDA_REGION, UNMAP_REGION, CHECK_READY, READY_STATE, SERVER_CALL, SERVER_REPLY,
- METRICS_REPORT) = range(1, 17)
+ METRICS_REPORT, WRITTEN) = range(1, 18)
 
 
 @dataclass(slots=True)
@@ -230,13 +233,12 @@ class ResponseFrame:
     parameters: dict = field(default_factory=dict)
     # The error is the model's own answer (see errors.ModelError.answered).
     answered: bool = False
-    # The worker wrote the request's prepared answer: the bytes its client's socket did not
-    # take, for the front to write. None when the worker did not answer.
-    unsent: Optional[bytes] = None
+    # The worker writes the request's prepared answer itself, after the Result (see Written).
+    by_worker: bool = False
 
     def to_wire(self) -> list:
         return [self.error, [t.to_wire() for t in self.outputs], self.parameters, self.answered,
-                self.unsent]
+                self.by_worker]
 
     @staticmethod
     def from_wire(w: list) -> "ResponseFrame":
@@ -267,6 +269,23 @@ class Result:
     def from_wire(w: list) -> "Result":
         return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5], w[6],
                       w[7])
+
+
+@dataclass(slots=True)
+class Written:
+    """The worker has written the answers its batch's Result said it would (`by_worker`):
+    what the sockets did not take, as [request's index in the batch, bytes] for those that
+    left some, for the front to write first. The worker writes no more to such a socket."""
+
+    batch_id: int
+    unsent: list = field(default_factory=list)
+
+    def to_wire(self) -> list:
+        return [WRITTEN, self.batch_id, self.unsent]
+
+    @staticmethod
+    def from_wire(w: list) -> "Written":
+        return Written(w[1], w[2])
 
 
 @dataclass(slots=True)
@@ -429,7 +448,8 @@ _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: 
            SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
            MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
            UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState,
-           SERVER_CALL: ServerCall, SERVER_REPLY: ServerReply, METRICS_REPORT: MetricsReport}
+           SERVER_CALL: ServerCall, SERVER_REPLY: ServerReply, METRICS_REPORT: MetricsReport,
+           WRITTEN: Written}
 
 
 def from_wire(w: list) -> Any:

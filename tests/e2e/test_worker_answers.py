@@ -178,6 +178,25 @@ def test_pipelined_requests_are_answered_in_order(servers):
         assert np.array_equal(binary_output(answer), tensor.ravel())
 
 
+def test_pipelined_answers_of_both_sides_keep_their_order(servers):
+    """The worker writes after its batch's Result, while the front serves the next request:
+    answers the front writes (an error, another model's) come in order with the worker's
+    (how the front holds them back is tested in tests/unit/test_http1.py)."""
+    rng = np.random.default_rng(8)
+    requests = []
+    for i in range(24):
+        if i % 4 == 3:
+            requests.append(infer_request("raiser", {"INPUT0": _vector(rng).ravel()}))
+        elif i % 4 == 2:
+            requests.append(infer_request("identity_batch", {"INPUT0": _vector(rng)}))
+        else:
+            requests.append(infer_request("identity_fp32", {"INPUT0": _vector(rng)}))
+    got = {on: exchange(srv.http_port, requests, pipelined=True)
+           for on, srv in servers.items()}
+    assert got[True] == got[False]
+    assert all(b"raiser always fails" in a for a in got[True][3::4])
+
+
 @pytest.mark.parametrize("model", ["identity_fp32", "identity_batch"])
 def test_concurrent_connections_each_get_their_own_answers(servers, model):
     """Batches of requests from several connections (identity_fp32 batches them on one

@@ -725,30 +725,67 @@ def test_a_response_head_written_before_still_says_the_connection_closes():
         server.loop.close()
 
 
-def test_the_socket_is_lent_only_while_an_answer_written_there_is_right():
-    """lendable_fd: not when this side has bytes waiting, nor when the answer must say the
-    connection closes (a head prepared earlier would not say it)."""
+@contextlib.contextmanager
+def _served_connection():
+    """(a connection on a fake transport, as served, the transport, its server)."""
     server = HttpServer(echo, 1 << 16)
     server.loop = asyncio.new_event_loop()
     try:
         conn = http1._Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)
-        assert conn.lendable_fd() == -1  # no socket behind the fake transport
+        yield conn, transport, server
+    finally:
+        server.loop.close()
+
+
+def test_the_socket_is_lent_only_while_an_answer_written_there_is_right():
+    """lend_socket: not when this side has bytes waiting, nor when the answer must say the
+    connection closes (a head prepared earlier would not say it)."""
+    with _served_connection() as (conn, transport, server):
+        assert conn.lend_socket("w") == -1  # no socket behind the fake transport
         conn.fileno = 7
-        assert conn.lendable_fd() == 7
         transport.get_write_buffer_size = lambda: 10
-        assert conn.lendable_fd() == -1
+        assert conn.lend_socket("w") == -1
         transport.get_write_buffer_size = lambda: 0
         for flag in ("closing", "stopping"):
             target = conn if flag == "closing" else server
             setattr(target, flag, True)
-            assert conn.lendable_fd() == -1
+            assert conn.lend_socket("w") == -1 and not conn.lendable()
             setattr(target, flag, False)
+        assert conn.lend_socket("w") == 7
+        conn.answer_returned(None)
         transport.close()
-        assert conn.lendable_fd() == -1
-    finally:
-        server.loop.close()
+        assert conn.lend_socket("w") == -1
+
+
+def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
+    """The worker writes after its batch's Result, while the connection serves its next
+    request: this side's writes wait, in order, and a socket that took only part of the
+    worker's answer gets the rest first and is not lent again."""
+    with _served_connection() as (conn, transport, _):
+        conn.fileno = 7
+        assert conn.lend_socket("w") == 7
+        assert conn.lend_socket("w") == 7  # the same worker's next batch: in turn
+        assert conn.lend_socket("v") == -1  # another worker could write at the same time
+        conn.transport.write(b"<ours>")
+        conn.transport.close()
+        assert conn.lend_socket("w") == -1  # ours would come after its next answer
+        assert transport.out == b"" and not transport.closed
+        conn.answer_returned(b"rest")
+        assert transport.out == b"rest"  # the rest at once: the worker is done with it
+        conn.answer_returned(None)
+        assert transport.out == b"rest<ours>" and transport.closed
+        assert conn.transport is transport
+        assert not conn.lendable()  # backed up once: no more loans
+
+
+def test_a_worker_that_dies_while_it_writes_closes_the_connection():
+    with _served_connection() as (conn, transport, _):
+        conn.fileno = 7
+        conn.lend_socket("w")
+        conn.answer_lost()
+        assert transport.closed and conn.transport is transport
 
 
 # -- routing -----------------------------------------------------------------------------------

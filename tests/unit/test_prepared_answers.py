@@ -11,7 +11,7 @@ import pytest
 from shmserve.http.prepared_answers import AnswerBook
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
-from workers.answers import ClientSockets, write_prepared
+from workers.answers import ClientSockets, take_answers, write_answers
 
 PREFIX = b"HTTP/1.1 200 OK\r\n...\r\n\r\n{json}"
 EXPECTED = [["OUT", "FP32", [1, 2], 8]]
@@ -34,7 +34,9 @@ def client():
     """(the client's end, a descriptor of the server's end as a worker gets it)."""
     theirs, ours = socket.socketpair()
     ours.setblocking(False)  # as the front's sockets are
-    yield theirs, os.dup(ours.fileno())
+    fd = os.dup(ours.fileno())
+    yield theirs, fd
+    os.close(fd)
     theirs.close()
     ours.close()
 
@@ -50,21 +52,19 @@ def _read_all(sock: socket.socket) -> bytes:
     return out
 
 
-def _closed(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return True
-    return False
+def _take_and_write(frames, requests, fds, backed_up=None) -> list:
+    """What the worker does with a batch: mark the answers it writes (before the Result),
+    then write them; returns what the sockets did not take."""
+    backed_up = set() if backed_up is None else backed_up
+    return write_answers(take_answers(frames, requests, fds, backed_up), backed_up)
 
 
-def test_a_matching_response_is_written_and_its_frame_emptied(client):
+def test_a_matching_response_is_written_and_its_frame_says_so(client):
     theirs, fd = client
     frames = [_frame(data=memoryview(b"12345678"))]
-    write_prepared(frames, [_request()], [fd], set())
+    assert _take_and_write(frames, [_request()], [fd]) == []
     assert _read_all(theirs) == PREFIX + b"12345678"
-    assert frames[0].unsent == b"" and frames[0].outputs == []
-    assert _closed(fd)
+    assert frames[0].by_worker and frames[0].outputs == []
 
 
 @pytest.mark.parametrize("frame", [
@@ -79,18 +79,17 @@ def test_a_matching_response_is_written_and_its_frame_emptied(client):
 def test_any_other_response_is_left_to_the_front(client, frame):
     theirs, fd = client
     frames = [frame]
-    write_prepared(frames, [_request()], [fd], set())
-    assert frames[0] is frame and frame.unsent is None
+    assert take_answers(frames, [_request()], [fd], set()) == []
+    assert frames[0] is frame and not frame.by_worker
     assert _read_all(theirs) == b""
-    assert _closed(fd)
 
 
 def test_extra_or_missing_outputs_are_left_to_the_front(client):
     theirs, fd = client
     frame = _frame()
     frame.outputs.append(messages.TensorRef("MORE", "FP32", [1], b"abcd"))
-    write_prepared([frame], [_request()], [fd], set())
-    assert frame.unsent is None and _read_all(theirs) == b""
+    assert take_answers([frame], [_request()], [fd], set()) == []
+    assert not frame.by_worker and _read_all(theirs) == b""
 
 
 def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write():
@@ -100,19 +99,18 @@ def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write(
             ours.setblocking(False)
         # Two answers on socket 0 (two calls of one HTTP/2 connection), with pieces after
         # the output too; none for the second request; the null request (ready False)
-        # names socket 1 but is not answered; socket 1 gets the last.
+        # names socket 1 but is not answered; socket 1 gets the fourth.
         requests = [_request(0, (b"<a", b"a>")), _request(None), _request(1, ready=False),
                     _request(1), _request(0, (b"<d", b"d>"))]
         frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(),
                   _frame(data=b"CCCCCCCC"), _frame(data=b"DDDDDDDD")]
-        fds = [os.dup(ours.fileno()) for _, ours in pairs]
+        fds = [ours.fileno() for _, ours in pairs]
         with mock.patch("workers.answers.os.write", wraps=os.write) as write:
-            write_prepared(frames, requests, fds, set())
+            assert _take_and_write(frames, requests, fds) == []
         assert write.call_count == 2
         assert _read_all(pairs[0][0]) == b"<aAAAAAAAAa><dDDDDDDDDd>"
         assert _read_all(pairs[1][0]) == PREFIX + b"CCCCCCCC"
-        assert [f.unsent for f in frames] == [b"", None, None, b"", b""]
-        assert all(_closed(fd) for fd in fds)
+        assert [f.by_worker for f in frames] == [True, False, False, True, True]
     finally:
         for a, b in pairs:
             a.close()
@@ -124,7 +122,7 @@ def test_outputs_go_between_the_pieces(client):
     expected = [["A", "INT32", [1], 4], ["B", "FP32", [2], 8]]
     frame = messages.ResponseFrame(None, [messages.TensorRef("A", "INT32", [1], b"aaaa"),
                                           messages.TensorRef("B", "FP32", [2], b"bbbbbbbb")])
-    write_prepared([frame], [_request(0, (b"1", b"2", b"3"), expected)], [fd], set())
+    _take_and_write([frame], [_request(0, (b"1", b"2", b"3"), expected)], [fd])
     assert _read_all(theirs) == b"1aaaa2bbbbbbbb3"
 
 
@@ -140,8 +138,7 @@ def test_what_a_full_socket_does_not_take_goes_back_to_the_front(client):
     finally:
         filler.close()
     frames = [_frame(data=b"12345678")]
-    write_prepared(frames, [_request()], [fd], set())
-    assert frames[0].unsent == PREFIX + b"12345678"
+    assert _take_and_write(frames, [_request()], [fd]) == [[0, PREFIX + b"12345678"]]
 
 
 def test_a_socket_that_takes_part_of_its_answers_returns_the_rest_of_each(client):
@@ -149,24 +146,22 @@ def test_a_socket_that_takes_part_of_its_answers_returns_the_rest_of_each(client
     frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(data=b"CCCCCCCC")]
     requests = [_request(0, (b"<", b">")) for _ in frames]
     backed_up = set()
-    inode = os.fstat(fd).st_ino
-    again = os.dup(fd)  # the same socket, lent again with a later batch
     with mock.patch("workers.answers.os.write", side_effect=lambda fd, data: 5):
-        write_prepared(frames, requests, [fd], backed_up)
-    assert [f.unsent for f in frames] == [b"AAAA>", b"<BBBBBBBB>", b"<CCCCCCCC>"]
-    # The front writes the rest: the worker writes no more to that socket.
-    assert backed_up == {inode}
+        unsent = _take_and_write(frames, requests, [fd], backed_up)
+    assert unsent == [[0, b"AAAA>"], [1, b"<BBBBBBBB>"], [2, b"<CCCCCCCC>"]]
+    # The front writes the rest: a later batch that has the socket leaves it to the front.
+    assert backed_up == {os.fstat(fd).st_ino}
     frames = [_frame(data=b"DDDDDDDD")]
-    write_prepared(frames, [_request()], [again], backed_up)
-    assert frames[0].unsent is None and _read_all(theirs) == b"" and _closed(again)
+    assert take_answers(frames, [_request()], [fd], backed_up) == []
+    assert not frames[0].by_worker
 
 
 def test_a_client_gone_is_not_an_error(client):
     theirs, fd = client
     theirs.close()
     frames = [_frame(data=b"12345678")]
-    write_prepared(frames, [_request()], [fd], set())
-    assert frames[0].unsent == b""  # nothing for the front to write to a closed connection
+    # Nothing for the front to write to a closed connection: it learns of it itself.
+    assert _take_and_write(frames, [_request()], [fd]) == []
 
 
 def test_client_sockets_arrive_per_batch_and_stale_ones_are_dropped():
