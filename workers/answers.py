@@ -27,7 +27,7 @@ class ClientSockets:
     def __init__(self, fd: int):
         self._sock = socket.socket(fileno=fd)
         # The sockets (inode numbers) that took only part of their answers: the front writes
-        # the rest, and this side never writes to them again (see write_prepared).
+        # the rest, and this side never writes to them again (see write_answers).
         self.backed_up = set()
 
     def take(self, batch_id: int, count: int) -> list:

@@ -341,7 +341,7 @@ class WorkerHandle:
                     self._front_spin.watch(future)
         except BaseException as exc:
             self._pending.pop(batch_id, None)
-            _return_answers(lent, None)
+            _return_unwritten(lent)
             self._free_block(slot)
             for row in rows:
                 self._streams.pop(row, None)
@@ -379,12 +379,12 @@ class WorkerHandle:
         if not lent:
             return None, []
         if len(fds) > messages.MAX_LENT_SOCKETS:  # the front answers a larger one
-            _return_answers(lent, None)
+            _return_unwritten(lent)
             return None, []
         try:
             socket.send_fds(self._lender, [batch_id.to_bytes(8, "little")], fds)
         except OSError:  # the worker is behind, or gone: the front answers these
-            _return_answers(lent, None)
+            _return_unwritten(lent)
             return None, []
         return sockets, lent
 
@@ -779,15 +779,16 @@ class WorkerHandle:
             for _, answer in lent:
                 answer.lost()
         for future, slot, _, _, lent in pending.values():
-            _return_answers(lent, None)  # it writes answers only after the batch's Result
+            _return_unwritten(lent)  # it writes answers only after the batch's Result
             self._free_block(slot)
             if not future.done():
                 future.set_exception(error)
 
 
-def _return_answers(lent: list, unsent) -> None:
+def _return_unwritten(lent: list) -> None:
+    """The worker writes none of these lent answers: the front answers them."""
     for _, answer in lent:
-        answer.returned(unsent)
+        answer.returned(None)
 
 
 def _layout(batch: list, rows: list, sockets: Optional[list] = None
