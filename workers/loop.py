@@ -44,6 +44,10 @@ from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
 
+# What the sockets did not take of a batch's answers rides on the next batch's Result only
+# when this batch, its writes included, took less than this: the front writes nothing of its
+# own to those sockets until it knows, so it should not wait out a long batch.
+CARRY_WRITTEN_BELOW_NS = 1_000_000
 RESPONSE_WINDOW = 4
 FIRST_WINDOW = 1
 # A waiting sender looks at its row again after this long at most, should its wake be missed.
@@ -72,12 +76,14 @@ class WorkerLoop:
         self._kept = KeptOutputs()
         self._device_inputs = DeviceInputs(self._kept, self._regions)
         self._client_sockets = ClientSockets(init.answer_fd) if init.answer_fd >= 0 else None
+        # [batch id, unsent] of written answers the front has not been told of (see Written).
+        self._written = []
 
     def run(self) -> None:
         """Serve frames until Shutdown or until the front goes away."""
         try:
             while True:
-                msg = self._reader.next_frame()
+                msg = self._reader.next_frame(self._tell_written if self._written else None)
                 if msg is None:
                     return  # the front is gone: nothing left to answer
                 if isinstance(msg, messages.Execute):
@@ -91,6 +97,7 @@ class WorkerLoop:
                 elif isinstance(msg, messages.CheckReady):
                     self._channel.send(messages.ReadyState(self._runner.is_ready()))
                 elif isinstance(msg, messages.Shutdown):
+                    self._tell_written()
                     try:
                         self._runner.finalize()
                     except Exception:
@@ -107,6 +114,11 @@ class WorkerLoop:
             self._reader.close()
             if self._client_sockets is not None:
                 self._client_sockets.close()
+
+    def _tell_written(self) -> None:
+        for batch_id, unsent in self._written:
+            self._channel.send(messages.Written(batch_id, unsent))
+        self._written = []
 
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
@@ -198,13 +210,16 @@ class WorkerLoop:
         # Placing outputs (into a client's region, say) is part of producing them, as in
         # Triton; writing answers to clients is not.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
+        written, self._written = self._written, []
         self._channel.send(messages.Result(msg.batch_id, frames, timings.compute_input_ns,
                                            timings.compute_infer_ns, output_ns, rescheduled,
-                                           timings.start_ns))
+                                           timings.start_ns, written))
         if answers:
             # After the Result: the front serves the clients' next requests meanwhile.
             unsent = write_answers(answers, self._client_sockets.backed_up)
-            self._channel.send(messages.Written(msg.batch_id, unsent))
+            self._written.append([msg.batch_id, unsent])
+            if time.perf_counter_ns() - timings.start_ns >= CARRY_WRITTEN_BELOW_NS:
+                self._tell_written()
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location

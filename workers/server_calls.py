@@ -81,20 +81,26 @@ class FrameReader:
         self._calls: dict = {}  # call id -> deque of its replies not yet taken
         self._ids = itertools.count(1)
 
-    def next_frame(self):
-        """The frame loop's next frame; None once the front is gone."""
+    def next_frame(self, before_waiting=None):
+        """The frame loop's next frame; None once the front is gone. `before_waiting`: called
+        before this thread waits for a frame that has yet to come (perhaps more than once)."""
         while True:
             with self._cv:
-                while True:
-                    if self._for_loop:
-                        return self._for_loop.popleft()
-                    if self._closed:
-                        return None
-                    if not self._reading:
-                        self._reading = True
-                        break
+                while self._reading and not (self._for_loop or self._closed) \
+                        and before_waiting is None:
                     self._cv.wait()
-            msg = self._read(for_loop=True)
+                if self._for_loop:
+                    return self._for_loop.popleft()
+                if self._closed:
+                    return None
+                mine = not self._reading
+                if mine:
+                    self._reading = True
+            if not mine:  # another thread is in recv: what comes, it hands over
+                before_waiting()
+                before_waiting = None
+                continue
+            msg = self._read(for_loop=True, before_waiting=before_waiting)
             if msg is not _HANDED_OVER:
                 return msg
 
@@ -150,11 +156,13 @@ class FrameReader:
                     self._cv.wait()
             self._read(for_loop=False)
 
-    def _read(self, for_loop: bool):
+    def _read(self, for_loop: bool, before_waiting=None):
         """Read one frame, as the thread that took the reading turn, and give the turn back.
         Returns the frame if it is the frame loop's and `for_loop`, else _HANDED_OVER."""
         msg = None
         try:
+            if before_waiting is not None and not self._channel.has_data():
+                before_waiting()
             msg = self._channel.recv()
             if type(msg) is messages.ServerReply:
                 self._copy_out(msg)

@@ -106,8 +106,8 @@ class WorkRequest:
     # socket index; `returned(unsent)`, called once the worker is done with the socket: what
     # it did not take of the answer (the worker wrote it, after the batch's Result), or None
     # when the worker did not write the answer (called then at the Result, or when the batch
-    # could not be sent or failed); and `lost()`, called instead when the worker died while
-    # writing it (the connection may hold part of it).
+    # could not be sent or failed); and `lost()`, called instead when the worker died after
+    # the batch's Result, before it told what it wrote (the connection may hold part of it).
     answer: object = None
 
 
@@ -553,6 +553,8 @@ class WorkerHandle:
                 self._received[msg.row] = self._received.get(msg.row, 0) + 1
             stream.push(None if msg.response is None else self._response(msg.response), msg.final)
         elif isinstance(msg, messages.Result):
+            for batch_id, unsent in msg.written:
+                self._answers_written(batch_id, unsent)
             entry = self._pending.pop(msg.batch_id, None)
             if entry is None:
                 return
@@ -584,11 +586,7 @@ class WorkerHandle:
                 msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns,
                 msg.compute_start_ns, self.gpu_uuid)))
         elif isinstance(msg, messages.Written):
-            writing = self._writing.pop(msg.batch_id, None)
-            if writing is not None:
-                unsent = dict(msg.unsent)  # the rest first: before anything else is written
-                for index, answer in writing:
-                    answer.returned(unsent.get(index, b""))
+            self._answers_written(msg.batch_id, msg.unsent)
         elif isinstance(msg, messages.Ready):
             self.readiness_hook = msg.readiness_hook
             self.gpu_uuid = msg.gpu_uuid
@@ -607,6 +605,13 @@ class WorkerHandle:
                     ["UNSUPPORTED", "this server does not serve calls from models"], [])))
         elif isinstance(msg, messages.Bye):
             self._resolve_bye()
+
+    def _answers_written(self, batch_id: int, unsent: list) -> None:
+        writing = self._writing.pop(batch_id, None)
+        if writing is not None:
+            rest = dict(unsent)  # written first: before anything else is written
+            for index, answer in writing:
+                answer.returned(rest.get(index, b""))
 
     def reply(self, msg: messages.ServerReply) -> bool:
         """Answer a ServerCall; False when the worker is gone."""

@@ -106,6 +106,16 @@ class SyncChannel:
             self._pending.extend(self._splitter.feed(data))
         return codec.decode_body(self._pending.pop(0))
 
+    def has_data(self) -> bool:
+        """Whether recv would return without waiting (a frame, part of one, or the end)."""
+        if self._pending:
+            return True
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        return True
+
     def _poll(self, spin: IdleSpin):
         """The next bytes if they come within the spin time and while the machine has a core
         to spare, else None. MSG_DONTWAIT rather than a non-blocking socket: model threads may

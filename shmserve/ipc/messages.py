@@ -51,8 +51,10 @@ those outputs, all inline and nothing else, the worker writes the answer to the 
 its `ResponseFrame` says so (`by_worker`) instead of carrying the outputs, and the worker writes
 after it has sent the batch's `Result`, so that the front serves the connection's next request
 meanwhile (it holds its own writes to the socket until the worker is done). A socket's answers
-go in one write, in request order. Then a `Written` frame says what the sockets did not take,
-for the front to write before anything else.
+go in one write, in request order. Then the worker tells the front what the sockets did not
+take, for the front to write before anything else: in the next batch's `Result`
+(`Result.written`) when that batch was already waiting, else in a `Written` frame of its own
+before the worker waits for frames (one frame and one wake of the front fewer per batch).
 """
 
 from dataclasses import dataclass, field
@@ -259,23 +261,27 @@ class Result:
     # When the worker began the batch (time.perf_counter_ns: CLOCK_MONOTONIC, which the front
     # shares), for traces.
     compute_start_ns: int = 0
+    # [batch id, unsent] of earlier batches whose answers the worker has written since it
+    # last told the front (see Written), to be handled before this batch's own.
+    written: list = field(default_factory=list)
 
     def to_wire(self) -> list:
         return [RESULT, self.batch_id, [r.to_wire() for r in self.responses],
                 self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns,
-                self.rescheduled, self.compute_start_ns]
+                self.rescheduled, self.compute_start_ns, self.written]
 
     @staticmethod
     def from_wire(w: list) -> "Result":
         return Result(w[1], [ResponseFrame.from_wire(r) for r in w[2]], w[3], w[4], w[5], w[6],
-                      w[7])
+                      w[7], w[8])
 
 
 @dataclass(slots=True)
 class Written:
     """The worker has written the answers its batch's Result said it would (`by_worker`):
     what the sockets did not take, as [request's index in the batch, bytes] for those that
-    left some, for the front to write first. The worker writes no more to such a socket."""
+    left some, for the front to write first. The worker writes no more to such a socket.
+    Sent alone only when no batch waits to carry it (`Result.written`)."""
 
     batch_id: int
     unsent: list = field(default_factory=list)

@@ -31,10 +31,12 @@ SAMPLES = [
     messages.Result(7, [messages.ResponseFrame(None, [messages.TensorRef("OUT", "BYTES", [1], b"\x01\x00\x00\x00x")], {"p": 1}),
                         messages.ResponseFrame(["INTERNAL", "boom"], [], {})], 1, 2, 3),
     messages.Result(10, [], 4, 5, 6),
+    messages.Result(11, [], written=[[9, []], [10, [[0, b"rest"]]]]),
     messages.StreamResponse(3, False, messages.ResponseFrame(
         None, [messages.TensorRef("OUT", "INT32", [1], b"\x01\x00\x00\x00")], {})),
     messages.StreamResponse(3, False, messages.ResponseFrame(["INVALID_ARG", "bad"], [], {})),
     messages.StreamResponse(3, True, None),
+    messages.Written(11, [[2, b"rest"]]),
     messages.Release([0, 64, 128]),
     messages.Release([], [3, 4]),
     messages.Shutdown(),

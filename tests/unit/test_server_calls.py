@@ -5,7 +5,9 @@ into a request, and both halves of large BLS tensors going by reference."""
 import asyncio
 import queue
 import re
+import socket
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.dispatch.worker import WorkerHandle
-from shmserve.ipc import messages
+from shmserve.ipc import codec, messages
+from shmserve.ipc.channel import SyncChannel
 from shmserve.ipc.shm import Segment
 from shmserve.server_calls import ServerCalls, _infer_request
 from shmserve.shared_memory import Region, RegionSlice
@@ -93,6 +96,60 @@ def test_a_closed_socket_ends_the_loop_and_fails_the_callers():
     assert reader.next_frame() is None
     with pytest.raises(ConnectionError):
         next(replies)
+
+
+def _send(sock, message) -> None:
+    header, body = codec.encode(message)
+    sock.sendall(header + body)
+
+
+def test_before_waiting_is_called_only_when_the_next_frame_has_yet_to_come():
+    front, worker = socket.socketpair()
+    # Should the reader wait without telling, the front's end closing fails the test instead.
+    guard = threading.Timer(WAIT_S, front.shutdown, [socket.SHUT_WR])
+    guard.start()
+    try:
+        reader = FrameReader(SyncChannel(worker))
+        called = []
+        _send(front, messages.Release([1]))
+        assert reader.next_frame(lambda: called.append("early")) == messages.Release([1])
+        assert called == []
+
+        def told():  # what the worker tells before it waits brings the next frame here
+            called.append("told")
+            _send(front, messages.CheckReady())
+
+        assert reader.next_frame(told) == messages.CheckReady()
+        assert called == ["told"]
+        # A reply read on the way is not the loop's frame: the loop would wait after it.
+        replies = reader.call("ready", {})
+        _send(front, reply(1, value=True))
+        assert reader.next_frame(told) == messages.CheckReady()
+        assert called == ["told", "told"]
+        assert [r.value for r in replies] == [True]
+    finally:
+        guard.cancel()
+        front.close()
+        worker.close()
+
+
+def test_before_waiting_is_called_while_a_caller_waits_in_recv():
+    channel = QueueChannel()
+    reader = FrameReader(channel)
+    replies = reader.call("ready", {})
+    caller = threading.Thread(target=lambda: list(replies))
+    caller.start()
+    deadline = time.monotonic() + WAIT_S
+    while not reader._reading and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+    def told():
+        channel.incoming.put(messages.CheckReady())
+        channel.incoming.put(reply(1))
+
+    assert reader.next_frame(told) == messages.CheckReady()
+    caller.join(WAIT_S)
+    assert not caller.is_alive()
 
 
 def test_a_bls_call_becomes_a_request_with_its_sequence_and_timeout_as_parameters():
