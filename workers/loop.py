@@ -44,9 +44,9 @@ from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
 
 log = logging.getLogger("shmserve.worker")
 
-# What the sockets did not take of a batch's answers rides on the next batch's Result only
-# when this batch, its writes included, took less than this: the front writes nothing of its
-# own to those sockets until it knows, so it should not wait out a long batch.
+# The news that a batch's answers are written rides on the next batch's Result only when this
+# batch, its writes included, took less than this: the front writes nothing of its own to
+# those sockets until it knows, so it should not wait out a long batch.
 CARRY_WRITTEN_BELOW_NS = 1_000_000
 RESPONSE_WINDOW = 4
 FIRST_WINDOW = 1
@@ -218,8 +218,12 @@ class WorkerLoop:
             # After the Result: the front serves the clients' next requests meanwhile.
             unsent = write_answers(answers, self._client_sockets.backed_up)
             self._written.append([msg.batch_id, unsent])
-            if time.perf_counter_ns() - timings.start_ns >= CARRY_WRITTEN_BELOW_NS:
-                self._tell_written()
+            if unsent or time.perf_counter_ns() - timings.start_ns >= CARRY_WRITTEN_BELOW_NS:
+                self._tell_written()  # a client waits for the rest, which the front writes
+            else:
+                # Should this process die before it tells, the front knows these connections
+                # hold whole answers.
+                table.mark_written(msg.batch_id)
 
     def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
         location = ref.location

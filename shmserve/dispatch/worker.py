@@ -107,7 +107,8 @@ class WorkRequest:
     # it did not take of the answer (the worker wrote it, after the batch's Result), or None
     # when the worker did not write the answer (called then at the Result, or when the batch
     # could not be sent or failed); and `lost()`, called instead when the worker died after
-    # the batch's Result, before it told what it wrote (the connection may hold part of it).
+    # the batch's Result, before it told what it wrote, unless it had marked the batch's
+    # answers whole (see request_table.py): the connection may hold part of one.
     answer: object = None
 
 
@@ -780,9 +781,13 @@ class WorkerHandle:
             stream.fail(error)
         pending, self._pending = self._pending, {}
         writing, self._writing = self._writing, {}
-        for lent in writing.values():
+        whole = self._table.written_mark() if self._table is not None else 0
+        for batch_id, lent in writing.items():
             for _, answer in lent:
-                answer.lost()
+                if batch_id == whole:
+                    answer.returned(b"")
+                else:
+                    answer.lost()
         for future, slot, _, _, lent in pending.values():
             _return_unwritten(lent)  # it writes answers only after the batch's Result
             self._free_block(slot)

@@ -52,9 +52,12 @@ its `ResponseFrame` says so (`by_worker`) instead of carrying the outputs, and t
 after it has sent the batch's `Result`, so that the front serves the connection's next request
 meanwhile (it holds its own writes to the socket until the worker is done). A socket's answers
 go in one write, in request order. Then the worker tells the front what the sockets did not
-take, for the front to write before anything else: in the next batch's `Result`
-(`Result.written`) when that batch was already waiting, else in a `Written` frame of its own
-before the worker waits for frames (one frame and one wake of the front fewer per batch).
+take, for the front to write before anything else: at once in a `Written` frame when a socket
+left some (its client waits for the rest). Otherwise the news rides on the next batch's
+`Result` (`Result.written`) when that batch was already waiting, else goes in a `Written` frame
+before the worker waits for frames: one frame and one wake of the front fewer per batch.
+While it waits to be told, the batch is marked in the request table (see request_table.py),
+so that the front knows, should the worker die, that those connections hold whole answers.
 """
 
 from dataclasses import dataclass, field

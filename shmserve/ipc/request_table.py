@@ -13,6 +13,11 @@ there), so it cannot be reading frames; a row it can read at any time can. Each 
 
 The front owns the rows: it hands one to each request it sends to the worker, resets it then,
 and takes it back after the request's final response. Each field has a single writer.
+
+After the rows, one word goes the other way: the batch whose answers the worker has written to
+their clients in full but not yet told the front of (see Result.written in messages.py). The
+front reads it only once the worker has died, to tell a connection that holds that batch's
+whole answer (it stays open) from one that may hold part of one (it closes).
 """
 
 import os
@@ -26,7 +31,8 @@ from shmserve.ipc.shm import Segment
 ROWS = 65536
 _FIELDS = 3  # cancelled, consumed, wake_at (uint32 each)
 CANCELLED, CONSUMED, WAKE_AT = 0, 1, 2
-SIZE = ROWS * _FIELDS * 4
+_MARK_OFFSET = ROWS * _FIELDS * 4
+SIZE = _MARK_OFFSET + 8
 _ROW_BYTES = _FIELDS * 4
 _ZERO_ROW = bytes(_ROW_BYTES)
 
@@ -38,6 +44,8 @@ class RequestTable:
         self.wake_fd = wake_fd
         self._rows = np.frombuffer(segment.buffer, dtype=np.uint32, count=ROWS * _FIELDS)
         self._rows = self._rows.reshape(ROWS, _FIELDS)
+        self._mark = np.frombuffer(segment.buffer, dtype=np.uint64, count=1,
+                                   offset=_MARK_OFFSET)
         self._bytes = segment.buffer.cast("B")  # reset writes a row through it: no numpy call
         self._pollers = threading.local()  # a poll object may serve one thread at a time
 
@@ -59,11 +67,20 @@ class RequestTable:
         if wake_at and rows[row, CONSUMED] >= wake_at:
             self._wake()
 
+    def written_mark(self) -> int:
+        """The batch the worker last marked with mark_written (0 for none)."""
+        return int(self._mark[0])
+
     def _wake(self) -> None:
         if self.wake_fd >= 0:
             os.eventfd_write(self.wake_fd, 1)
 
     # -- the worker's side -------------------------------------------------------------------
+
+    def mark_written(self, batch_id: int) -> None:
+        """The answers of batch `batch_id` are written in full (the sockets took them all),
+        and the front has not been told yet."""
+        self._mark[0] = batch_id
 
     def cancelled(self, row: int) -> bool:
         return bool(self._rows[row, CANCELLED])
@@ -97,7 +114,7 @@ class RequestTable:
             rows[row, WAKE_AT] = 0
 
     def close(self) -> None:
-        self._rows = None
+        self._rows = self._mark = None
         self._bytes.release()
         self.segment.close()
 

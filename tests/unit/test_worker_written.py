@@ -1,7 +1,9 @@
 """When the worker tells the front what it wrote of a batch's answers: on the next batch's
 Result when that batch is already waiting, else in a Written frame of its own before it waits
-(workers/loop.py), over a real socket for the clients' answers."""
+(workers/loop.py), over a real socket for the clients' answers; and what the front's worker
+handle makes of it, the worker's death included."""
 
+import asyncio
 import os
 import socket
 import textwrap
@@ -9,7 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import codec, messages, request_table
+from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from tests.unit.test_prepared_answers import _read_all as read_all
 from workers.loop import WorkerLoop
@@ -63,7 +67,7 @@ def _through_wire(message):
 @pytest.fixture
 def worker(tmp_path):
     """run(frames, lend=[batch ids], full=False) -> (frames the loop sent, bytes the client
-    got); `full`: the client's socket takes nothing."""
+    got, the request table's written mark); `full`: the client's socket takes nothing."""
     model_dir = tmp_path / "ident"
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
@@ -79,6 +83,7 @@ def worker(tmp_path):
     front_end, worker_end = socket.socketpair()
 
     def run(frames, lend, full=False):
+        """Also returns the batch the worker marked as written in full and not yet told."""
         if full:
             try:
                 while True:
@@ -92,7 +97,11 @@ def worker(tmp_path):
                              answer_fd=os.dup(worker_end.fileno()))
         channel = QueueChannel(frames)
         WorkerLoop(channel, FrameReader(channel), runner, init).run()
-        return channel.sent, read_all(client)
+        mark = RequestTable(Segment.attach(segments[2].name))
+        try:
+            return channel.sent, read_all(client), mark.written_mark()
+        finally:
+            mark.close()
 
     yield run
     runner.finalize()
@@ -124,34 +133,108 @@ def _told(sent) -> list:
 
 
 def test_a_waiting_batch_carries_what_the_last_one_wrote(worker):
-    sent, got = worker([_execute(1, 1.0), _execute(2, 2.0)], lend=[1, 2])
+    sent, got, mark = worker([_execute(1, 1.0), _execute(2, 2.0)], lend=[1, 2])
     assert _told(sent) == [("result", 1, []), ("result", 2, [[1, []]]), ("written", 2)]
     assert all(r.by_worker for m in sent if isinstance(m, messages.Result)
                for r in m.responses)
     assert got == _answer(1.0) + _answer(2.0)
+    assert mark == 2  # each batch was marked whole while its news waited
 
 
 def test_a_frame_of_another_kind_does_not_carry_it(worker):
-    sent, _ = worker([_execute(1, 1.0), messages.Release([]), messages.Shutdown()], lend=[1])
+    sent, _, _ = worker([_execute(1, 1.0), messages.Release([]), messages.Shutdown()],
+                        lend=[1])
     assert _told(sent) == [("result", 1, []), ("written", 1)]
     assert isinstance(sent[-1], messages.Bye)
 
 
 def test_after_a_long_batch_the_worker_tells_at_once(worker):
-    sent, got = worker([_execute(1, -1.0), _execute(2, 2.0)], lend=[1, 2])
-    assert _told(sent) == [("result", 1, []), ("written", 1), ("result", 2, []),
-                           ("written", 2)]
-    assert got == _answer(-1.0) + _answer(2.0)
+    sent, got, mark = worker([_execute(1, 1.0), _execute(2, -1.0), _execute(3, 3.0)],
+                             lend=[1, 2, 3])
+    assert _told(sent) == [("result", 1, []), ("result", 2, [[1, []]]), ("written", 2),
+                           ("result", 3, []), ("written", 3)]
+    assert got == _answer(1.0) + _answer(-1.0) + _answer(3.0)
+    assert mark == 3
 
 
-def test_what_a_full_socket_did_not_take_rides_along(worker):
-    sent, _ = worker([_execute(1, 1.0), _execute(2, 2.0)], lend=[1, 2], full=True)
-    # The second batch's answer is left to the front, which has the rest of the first.
-    assert _told(sent) == [("result", 1, []), ("result", 2, [[1, [[0, _answer(1.0)]]]])]
+def test_the_long_batch_is_not_marked(worker):
+    _, _, mark = worker([_execute(1, 1.0), _execute(2, -1.0)], lend=[1, 2])
+    assert mark == 1
+
+
+def test_what_a_full_socket_did_not_take_goes_to_the_front_at_once(worker):
+    sent, _, mark = worker([_execute(1, 1.0), _execute(2, 2.0)], lend=[1, 2], full=True)
+    # Its client waits for the rest. The second batch's answer is left to the front.
+    assert _told(sent) == [("result", 1, []), ("written", 1), ("result", 2, [])]
+    written = [m for m in sent if isinstance(m, messages.Written)][0]
+    assert written.unsent == [[0, _answer(1.0)]]
     second = [m for m in sent if isinstance(m, messages.Result)][1]
     assert not second.responses[0].by_worker
+    assert mark == 0  # never marked: what the front does not have yet is not whole
 
 
 def test_the_front_is_told_before_the_worker_waits(worker):
-    sent, _ = worker([_execute(1, 1.0)], lend=[1])
+    sent, _, _ = worker([_execute(1, 1.0)], lend=[1])
     assert _told(sent) == [("result", 1, []), ("written", 1)]
+
+
+# --- the front's side ---------------------------------------------------------------------------
+
+
+class Answer:
+    """A lent answer, recording what became of it in a shared log."""
+
+    def __init__(self, name, log):
+        self.name = name
+        self._log = log
+
+    def returned(self, unsent):
+        self._log.append((self.name, unsent))
+
+    def lost(self):
+        self._log.append((self.name, "lost"))
+
+
+@pytest.fixture
+def handle():
+    """A worker handle whose process is never started, with a request table; and the
+    worker's view of that table."""
+    segment = Segment.create(f"/shmtest_written_front_{os.getpid()}", request_table.SIZE)
+    h = WorkerHandle(model_name="ident", model_version=1, model_dir="", model_repository="",
+                     model_config={}, instance_name="ident_0", instance_kind="CPU",
+                     device_id=0)
+    h._table = RequestTable(segment)
+    workers_view = RequestTable(Segment.attach(segment.name))
+    yield h, workers_view
+    workers_view.close()
+    h._table.close()
+    segment.unlink()
+
+
+def test_carried_news_is_handled_before_the_results_own_answers(handle):
+    h, _ = handle
+    log = []
+
+    async def scenario():
+        future = asyncio.get_running_loop().create_future()
+        h._writing[1] = [(0, Answer("first", log))]
+        h._pending[2] = (future, None, [], 1, [(0, Answer("second", log))])
+        h._rows = request_table.RowAllocator()
+        h._on_message(messages.Result(2, [messages.ResponseFrame(None, [])],
+                                      written=[[1, [[0, b"rest"]]]]))
+        return future.done()
+
+    assert asyncio.run(scenario())
+    # The first batch's rest goes first; the second's answer, not the worker's, is the front's.
+    assert log == [("first", b"rest"), ("second", None)]
+    assert not h._writing
+
+
+def test_a_dead_workers_marked_batch_keeps_its_connections(handle):
+    h, workers_view = handle
+    log = []
+    h._writing[1] = [(0, Answer("unmarked", log))]
+    h._writing[2] = [(0, Answer("marked", log)), (1, Answer("marked too", log))]
+    workers_view.mark_written(2)
+    h._fail_pending("exited with signal 9")
+    assert sorted(log) == [("marked", b""), ("marked too", b""), ("unmarked", "lost")]
