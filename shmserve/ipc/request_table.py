@@ -16,8 +16,8 @@ and takes it back after the request's final response. Each field has a single wr
 
 After the rows, one word goes the other way: the batch whose answers the worker has written to
 their clients in full but not yet told the front of (see Result.written in messages.py). The
-front reads it only once the worker has died, to tell a connection that holds that batch's
-whole answer (it stays open) from one that may hold part of one (it closes).
+front reads it only when the worker dies or is killed, to tell a connection that holds that
+batch's whole answer (it stays open) from one that may hold part of one (it closes).
 """
 
 import os
