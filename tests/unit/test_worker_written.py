@@ -16,6 +16,7 @@ from shmserve.ipc import codec, messages, request_table
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.shm import Segment
 from tests.unit.test_prepared_answers import _read_all as read_all
+from workers import loop
 from workers.loop import WorkerLoop
 from workers.runner import ModelRunner
 from workers.server_calls import FrameReader
@@ -23,7 +24,10 @@ from workers.server_calls import FrameReader
 CONFIG = {"name": "ident", "max_batch_size": 8,
           "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [2]}],
           "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]}]}
-# Sleeps 2 ms (longer than the worker carries a Written for) when its first value is negative.
+# A batch longer than this is told of at once; shorter ones carry (set for the tests, so that
+# a loaded machine does not make a short batch long).
+CARRY_BELOW_NS = 50_000_000
+# Sleeps 60 ms (longer than that) when its first value is negative.
 IDENTITY = """
     import time
     import triton_python_backend_utils as pb_utils
@@ -34,7 +38,7 @@ IDENTITY = """
             for request in requests:
                 value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
                 if value[0, 0] < 0:
-                    time.sleep(0.002)
+                    time.sleep(0.06)
                 out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
             return out
 """
@@ -65,7 +69,7 @@ def _through_wire(message):
 
 
 @pytest.fixture
-def worker(tmp_path):
+def worker(tmp_path, monkeypatch):
     """run(frames, lend=[batch ids], full=False) -> (frames the loop sent, bytes the client
     got, the request table's written mark); `full`: the client's socket takes nothing."""
     model_dir = tmp_path / "ident"
@@ -75,6 +79,7 @@ def worker(tmp_path):
                          model_config=CONFIG, instance_name="ident_0_0", instance_kind="CPU",
                          device_id=0, model_repository=str(tmp_path))
     runner.initialize()
+    monkeypatch.setattr(loop, "CARRY_WRITTEN_BELOW_NS", CARRY_BELOW_NS)
     segments = [Segment.create(f"/shmtest_written_{os.getpid()}_{tag}", size)
                 for tag, size in (("in", 1 << 16), ("out", 1 << 16),
                                   ("rows", request_table.SIZE))]
