@@ -20,8 +20,6 @@ from shmserve.ipc.idle_spin import IdleSpin
 # in one read; handling them all at once would hold back the tasks the first ones woke (the
 # readers that forward responses), and so the time to first response.
 FRAMES_PER_TURN = 8
-# Flags or'ed once: or-ing socket's flag enums costs a microsecond each time.
-_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
 
 class AsyncChannel(asyncio.Protocol):
@@ -95,10 +93,13 @@ class SyncChannel:
         self._pending: list = []
         self._send_lock = threading.Lock()
         self._spin = spin
+        self._ended = False  # the peer closed the socket, as has_data found
 
     def recv(self):
         """Next message, or None when the peer closed the socket."""
         while not self._pending:
+            if self._ended:
+                return None
             spin = self._spin
             data = self._poll(spin) if spin is not None and spin.should_spin() else None
             if data is None:
@@ -109,13 +110,18 @@ class SyncChannel:
         return codec.decode_body(self._pending.pop(0))
 
     def has_data(self) -> bool:
-        """Whether recv would return without waiting (a frame, part of one, or the end)."""
-        if self._pending:
+        """Whether recv would return without waiting (a frame, part of one, or the end). What
+        has come is read here, for recv to take."""
+        if self._pending or self._ended:
             return True
         try:
-            self._sock.recv(1, _PEEK_NOW)
+            data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
+        if data:
+            self._pending.extend(self._splitter.feed(data))
+        else:
+            self._ended = True
         return True
 
     def _poll(self, spin: IdleSpin):

@@ -127,6 +127,9 @@ def test_before_waiting_is_called_only_when_the_next_frame_has_yet_to_come():
         assert reader.next_frame(told) == messages.CheckReady()
         assert called == ["told", "told"]
         assert [r.value for r in replies] == [True]
+        front.shutdown(socket.SHUT_WR)
+        assert reader.next_frame(lambda: called.append("late")) is None
+        assert called == ["told", "told"]  # the end had come: nothing to wait for
     finally:
         guard.cancel()
         front.close()
