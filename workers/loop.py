@@ -354,5 +354,6 @@ def _final_only(send, row: int, response, final: bool) -> None:
 
 
 def _raw(arr: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, without copying them (msgpack copies once)."""
-    return arr.reshape(-1).view(np.uint8).data
+    """The bytes of a C-contiguous array, without copying them (msgpack copies once). A cast
+    of the array's own buffer costs a third of a uint8 view's; it refuses an empty shape."""
+    return arr.data.cast("B") if arr.size else memoryview(b"")

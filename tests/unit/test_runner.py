@@ -362,12 +362,14 @@ def test_bytes_and_bf16_round_trip(make_runner):
     assert out["H_OUT"].array.tolist() == bf16.tolist()
 
 
-def test_malformed_input_fails_only_its_request(make_runner):
+@pytest.mark.parametrize("nbytes", [7, 12])  # two FP32 are 8 bytes: too few, and too many
+def test_malformed_input_fails_only_its_request(make_runner, nbytes):
     runner = make_runner(DOUBLE)
     runner.initialize()
-    bad = fp32_request([1, 2], "bad", buffer=b"\x00" * 7)
+    bad = fp32_request([1, 2], "bad", buffer=b"\x00" * nbytes)
     bad_response, good_response = run(runner, bad, fp32_request([5], "good"))
     assert bad_response.error[0] == "INVALID_ARG" and "'IN'" in bad_response.error[1]
+    assert "does not match its bytes" in bad_response.error[1]
     assert outputs_of(good_response)["OUT"].array.tolist() == [10.0]
 
 
