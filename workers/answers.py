@@ -14,6 +14,8 @@ import logging
 import os
 import socket
 
+import numpy as np
+
 from shmserve.ipc import messages
 
 log = logging.getLogger("shmserve.worker")
@@ -69,18 +71,20 @@ def _descriptors(ancillary: list) -> list:
 MAX_BACKED_UP = 1024
 
 
-def take_answers(frames: list, requests: list, fds: list, backed_up: set) -> list:
+def take_answers(responses: list, requests: list, fds: list, backed_up: set,
+                 inline_threshold: int) -> list:
     """The prepared answers of the batch's `requests` (messages.RequestFrame) whose response
-    frame matches, for write_answers: [(socket, [(request index, answer bytes)])], the
-    sockets being `fds` (the batch's distinct sockets, which each answer names by index).
-    Their frames become `by_worker` frames, for the Result, which goes first. A socket in
-    `backed_up` is left to the front: it still has the rest of an earlier answer to write."""
+    (runner.RunnerResponse, in the same order) matches, for write_answers: [(socket, [(request
+    index, answer bytes)])], the sockets being `fds` (the batch's distinct sockets, which each
+    answer names by index). The Result says these requests are answered `by_worker`. A socket
+    in `backed_up` is left to the front: it still has the rest of an earlier answer to write.
+    Outputs larger than `inline_threshold` are left to the front, as are their answers."""
     by_socket = {}  # socket index -> [(request index, answer bytes)]
-    for i, request in enumerate(requests):
+    for i, (request, response) in enumerate(zip(requests, responses)):
         answer = request.answer
-        if answer is None or not request.ready:
+        if answer is None or not request.ready or request.output_regions:
             continue
-        data = _answer_bytes(answer, frames[i])
+        data = _answer_bytes(answer, response, inline_threshold)
         if data is not None:
             by_socket.setdefault(answer[0], []).append((i, data))
     taken = []
@@ -88,8 +92,6 @@ def take_answers(frames: list, requests: list, fds: list, backed_up: set) -> lis
         fd = fds[index]
         if backed_up and os.fstat(fd).st_ino in backed_up:
             continue
-        for i, _ in answers:
-            frames[i] = messages.ResponseFrame(None, [], by_worker=True)
         taken.append((fd, answers))
     return taken
 
@@ -117,22 +119,24 @@ def write_answers(taken: list, backed_up: set) -> list:
     return unsent
 
 
-def _answer_bytes(answer: list, frame: messages.ResponseFrame):
+def _answer_bytes(answer: list, response, inline_threshold: int):
     """The answer's bytes (its pieces with the outputs' bytes between them), or None when the
-    frame is not the response the pieces announce."""
+    response is not the one the pieces announce. Built from the model's arrays: their frames,
+    which the Result does not carry, are never made."""
     _, pieces, expected = answer
-    outputs = frame.outputs
-    if frame.error is not None or frame.parameters or len(outputs) != len(expected):
+    outputs = response.outputs
+    if response.error is not None or response.parameters or len(outputs) != len(expected):
         return None
     joined = [pieces[0]]
     for out, (name, datatype, shape, nbytes), piece in zip(outputs, expected, pieces[1:]):
-        location = out.location
-        if out.name != name or out.datatype != datatype or list(out.shape) != shape \
-                or not isinstance(location, (bytes, memoryview)) \
-                or (location.nbytes if type(location) is memoryview else len(location)) \
-                != nbytes:
+        array = out.array
+        # The fronts prepare no answer with BYTES outputs, whose sizes vary; an array of
+        # another kind (on a GPU) goes the usual way.
+        if type(array) is not np.ndarray or out.name != name or out.datatype != datatype \
+                or out.shape != shape or array.nbytes != nbytes or nbytes > inline_threshold \
+                or datatype == "BYTES":
             return None
-        joined.append(location)
+        joined.append(array)  # join reads a C-contiguous array's buffer as its bytes
         joined.append(piece)
     return b"".join(joined)
 

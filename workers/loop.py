@@ -200,13 +200,17 @@ class WorkerLoop:
         del requests, runnable, block
         self._device_inputs.close()
         placing = time.perf_counter_ns()
-        # A null request's answer is dropped unread; a rescheduled request's is already empty.
-        frames = [self._frame(resp, r.output_regions, r.device_outputs) if r.ready
-                  else _unread_frame() for resp, r in zip(responses, msg.requests)]
         answers = []
+        by_worker = ()
         if client_fds:
-            answers = take_answers(frames, msg.requests, client_fds,
-                                   self._client_sockets.backed_up)
+            answers = take_answers(responses, msg.requests, client_fds,
+                                   self._client_sockets.backed_up, self._inline_threshold)
+            by_worker = {i for _, taken in answers for i, _ in taken}
+        # A null request's answer is dropped unread; a rescheduled request's is already empty.
+        frames = [_BY_WORKER if i in by_worker
+                  else self._frame(resp, r.output_regions, r.device_outputs) if r.ready
+                  else _unread_frame()
+                  for i, (resp, r) in enumerate(zip(responses, msg.requests))]
         # Placing outputs (into a client's region, say) is part of producing them, as in
         # Triton; writing answers to clients is not.
         output_ns = timings.compute_output_ns + time.perf_counter_ns() - placing
@@ -341,6 +345,10 @@ class _RowResponder:
             else:
                 self._sent += 1
         self._send(self._row, response, final)
+
+
+# Only ever sent: the answer's bytes went to the client instead.
+_BY_WORKER = messages.ResponseFrame(None, [], by_worker=True)
 
 
 def _unread_frame() -> messages.ResponseFrame:

@@ -6,15 +6,18 @@ import socket
 
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from shmserve.http.prepared_answers import AnswerBook
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
 from workers.answers import ClientSockets, take_answers, write_answers
+from workers.runner import RunnerOutput, RunnerResponse
 
 PREFIX = b"HTTP/1.1 200 OK\r\n...\r\n\r\n{json}"
 EXPECTED = [["OUT", "FP32", [1, 2], 8]]
+INLINE = 4096
 
 
 def _request(socket_index=0, pieces=(PREFIX, b""), expected=EXPECTED,
@@ -23,10 +26,14 @@ def _request(socket_index=0, pieces=(PREFIX, b""), expected=EXPECTED,
     return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready, answer=answer)
 
 
-def _frame(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678", error=None,
-           parameters=None) -> messages.ResponseFrame:
-    return messages.ResponseFrame(error, [] if error else [
-        messages.TensorRef(name, datatype, list(shape), data)], parameters or {})
+def _output(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678") -> RunnerOutput:
+    return RunnerOutput(name, datatype, list(shape), np.frombuffer(data, np.uint8).view(
+        np.float32 if datatype == "FP32" else np.int32).reshape(shape))
+
+
+def _model_response(error=None, parameters=None, **output) -> RunnerResponse:
+    """The model's response, as the worker has it before it makes frames of it."""
+    return RunnerResponse([] if error else [_output(**output)], error, parameters or {})
 
 
 @pytest.fixture
@@ -52,44 +59,76 @@ def _read_all(sock: socket.socket) -> bytes:
     return out
 
 
-def _take_and_write(frames, requests, fds, backed_up=None) -> list:
-    """What the worker does with a batch: mark the answers it writes (before the Result),
-    then write them; returns what the sockets did not take."""
+def _taken(answers: list) -> list:
+    """The indices of the requests whose answers take_answers took, in the batch's order."""
+    return sorted(i for _, taken in answers for i, _ in taken)
+
+
+def _take_and_write(responses, requests, fds, backed_up=None, taken=None) -> list:
+    """What the worker does with a batch: take the answers it writes (the Result says so),
+    then write them; returns what the sockets did not take. `taken`: a list that gets the
+    indices of the requests taken."""
     backed_up = set() if backed_up is None else backed_up
-    return write_answers(take_answers(frames, requests, fds, backed_up), backed_up)
+    answers = take_answers(responses, requests, fds, backed_up, INLINE)
+    if taken is not None:
+        taken.extend(_taken(answers))
+    return write_answers(answers, backed_up)
 
 
-def test_a_matching_response_is_written_and_its_frame_says_so(client):
+def test_a_matching_response_is_taken_and_written(client):
     theirs, fd = client
-    frames = [_frame(data=memoryview(b"12345678"))]
-    assert _take_and_write(frames, [_request()], [fd]) == []
+    taken = []
+    assert _take_and_write([_model_response()], [_request()], [fd], taken=taken) == []
     assert _read_all(theirs) == PREFIX + b"12345678"
-    assert frames[0].by_worker and frames[0].outputs == []
+    assert taken == [0]
 
 
-@pytest.mark.parametrize("frame", [
-    _frame(shape=(1, 3)),
-    _frame(name="OTHER"),
-    _frame(datatype="INT32"),
-    _frame(error=["INVALID_ARG", "bad"]),
-    _frame(parameters={"p": 1}),
-    _frame(data=[messages.OUTPUT_ARENA, 0, 8]),  # not inline: the front reads the arena
-    _frame(data=b"1234"),  # not the size announced
-], ids=["shape", "name", "datatype", "error", "parameters", "in-arena", "size"])
-def test_any_other_response_is_left_to_the_front(client, frame):
+class _OnDevice:
+    """Stands for a GPU array (a cupy array): the worker places it the usual way."""
+
+    def __init__(self, array):
+        self.nbytes = array.nbytes
+
+
+@pytest.mark.parametrize("response", [
+    _model_response(shape=(1, 3), data=b"123456789abc"),
+    _model_response(name="OTHER"),
+    _model_response(datatype="INT32"),
+    _model_response(error=("INVALID_ARG", "bad")),
+    _model_response(parameters={"p": 1}),
+    _model_response(data=b"1234", shape=(1, 1)),  # not the size announced
+    RunnerResponse([RunnerOutput("OUT", "FP32", [1, 2], _OnDevice(np.zeros((1, 2), np.float32)))],
+                   None, {}),
+], ids=["shape", "name", "datatype", "error", "parameters", "size", "on-a-gpu"])
+def test_any_other_response_is_left_to_the_front(client, response):
     theirs, fd = client
-    frames = [frame]
-    assert take_answers(frames, [_request()], [fd], set()) == []
-    assert frames[0] is frame and not frame.by_worker
+    assert take_answers([response], [_request()], [fd], set(), INLINE) == []
+    assert _read_all(theirs) == b""
+
+
+def test_an_output_too_large_to_travel_inline_is_left_to_the_front(client):
+    theirs, fd = client
+    # The front would read it from the output arena, where the worker places it.
+    assert take_answers([_model_response()], [_request()], [fd], set(), 4) == []
+    assert _read_all(theirs) == b""
+
+
+def test_a_request_with_output_regions_is_left_to_the_front(client):
+    theirs, fd = client
+    request = _request()
+    request.output_regions = {"OUT": (1, 0, 8)}
+    assert take_answers([_model_response()], [request], [fd], set(), INLINE) == []
     assert _read_all(theirs) == b""
 
 
 def test_extra_or_missing_outputs_are_left_to_the_front(client):
     theirs, fd = client
-    frame = _frame()
-    frame.outputs.append(messages.TensorRef("MORE", "FP32", [1], b"abcd"))
-    assert take_answers([frame], [_request()], [fd], set()) == []
-    assert not frame.by_worker and _read_all(theirs) == b""
+    response = _model_response()
+    response.outputs.append(_output("MORE", shape=(1, 1), data=b"abcd"))
+    assert take_answers([response], [_request()], [fd], set(), INLINE) == []
+    assert take_answers([_model_response()], [_request(expected=EXPECTED * 2)], [fd], set(),
+                        INLINE) == []
+    assert _read_all(theirs) == b""
 
 
 def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write():
@@ -102,15 +141,16 @@ def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write(
         # names socket 1 but is not answered; socket 1 gets the fourth.
         requests = [_request(0, (b"<a", b"a>")), _request(None), _request(1, ready=False),
                     _request(1), _request(0, (b"<d", b"d>"))]
-        frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(),
-                  _frame(data=b"CCCCCCCC"), _frame(data=b"DDDDDDDD")]
+        responses = [_model_response(data=data)
+                     for data in (b"AAAAAAAA", b"BBBBBBBB", b"12345678", b"CCCCCCCC", b"DDDDDDDD")]
         fds = [ours.fileno() for _, ours in pairs]
+        taken = []
         with mock.patch("workers.answers.os.write", wraps=os.write) as write:
-            assert _take_and_write(frames, requests, fds) == []
+            assert _take_and_write(responses, requests, fds, taken=taken) == []
         assert write.call_count == 2
         assert _read_all(pairs[0][0]) == b"<aAAAAAAAAa><dDDDDDDDDd>"
         assert _read_all(pairs[1][0]) == PREFIX + b"CCCCCCCC"
-        assert [f.by_worker for f in frames] == [True, False, False, True, True]
+        assert taken == [0, 3, 4]
     finally:
         for a, b in pairs:
             a.close()
@@ -120,9 +160,9 @@ def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write(
 def test_outputs_go_between_the_pieces(client):
     theirs, fd = client
     expected = [["A", "INT32", [1], 4], ["B", "FP32", [2], 8]]
-    frame = messages.ResponseFrame(None, [messages.TensorRef("A", "INT32", [1], b"aaaa"),
-                                          messages.TensorRef("B", "FP32", [2], b"bbbbbbbb")])
-    _take_and_write([frame], [_request(0, (b"1", b"2", b"3"), expected)], [fd])
+    response = RunnerResponse([_output("A", "INT32", (1,), b"aaaa"),
+                            _output("B", "FP32", (2,), b"bbbbbbbb")], None, {})
+    _take_and_write([response], [_request(0, (b"1", b"2", b"3"), expected)], [fd])
     assert _read_all(theirs) == b"1aaaa2bbbbbbbb3"
 
 
@@ -137,31 +177,30 @@ def test_what_a_full_socket_does_not_take_goes_back_to_the_front(client):
         pass
     finally:
         filler.close()
-    frames = [_frame(data=b"12345678")]
-    assert _take_and_write(frames, [_request()], [fd]) == [[0, PREFIX + b"12345678"]]
+    responses = [_model_response(data=b"12345678")]
+    assert _take_and_write(responses, [_request()], [fd]) == [[0, PREFIX + b"12345678"]]
 
 
 def test_a_socket_that_takes_part_of_its_answers_returns_the_rest_of_each(client):
     theirs, fd = client
-    frames = [_frame(data=b"AAAAAAAA"), _frame(data=b"BBBBBBBB"), _frame(data=b"CCCCCCCC")]
-    requests = [_request(0, (b"<", b">")) for _ in frames]
+    responses = [_model_response(data=data) for data in (b"AAAAAAAA", b"BBBBBBBB", b"CCCCCCCC")]
+    requests = [_request(0, (b"<", b">")) for _ in responses]
     backed_up = set()
     with mock.patch("workers.answers.os.write", side_effect=lambda fd, data: 5):
-        unsent = _take_and_write(frames, requests, [fd], backed_up)
+        unsent = _take_and_write(responses, requests, [fd], backed_up)
     assert unsent == [[0, b"AAAA>"], [1, b"<BBBBBBBB>"], [2, b"<CCCCCCCC>"]]
     # The front writes the rest: a later batch that has the socket leaves it to the front.
     assert backed_up == {os.fstat(fd).st_ino}
-    frames = [_frame(data=b"DDDDDDDD")]
-    assert take_answers(frames, [_request()], [fd], backed_up) == []
-    assert not frames[0].by_worker
+    assert take_answers([_model_response(data=b"DDDDDDDD")], [_request()], [fd], backed_up,
+                        INLINE) == []
 
 
 def test_a_client_gone_is_not_an_error(client):
     theirs, fd = client
     theirs.close()
-    frames = [_frame(data=b"12345678")]
+    responses = [_model_response(data=b"12345678")]
     # Nothing for the front to write to a closed connection: it learns of it itself.
-    assert _take_and_write(frames, [_request()], [fd]) == []
+    assert _take_and_write(responses, [_request()], [fd]) == []
 
 
 def test_client_sockets_arrive_per_batch_and_stale_ones_are_dropped():
