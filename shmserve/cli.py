@@ -17,7 +17,7 @@ from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import parse_resource
 from shmserve.grpc import tls
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.ipc.malloc import keep_large_blocks
+from shmserve.ipc.malloc import keep_large_blocks, trim_periodically
 from shmserve.ipc.priority import set_front_nice
 from shmserve.response_cache import parse_cache_config
 from shmserve.server import Options, Server, StartupError
@@ -31,7 +31,7 @@ UNSUPPORTED_FLAGS = (
 )
 # Tuning flags of parts of Triton that shmserve does not have (its C++ thread pools, memory
 # and response pools, the Python backend's stub and shared-memory sizing, repository agents,
-# NUMA host policies, GPU peer access and limits, port reuse, limits on client pings):
+# NUMA host policies, GPU peer access and limits, port reuse, a bound on its own pings):
 # accepted, so that a Triton command line works unchanged, and the log says they have no
 # effect. None changes what a well-behaved client's request gets.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
@@ -41,10 +41,9 @@ NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-t
                    "grpc-max-response-pool-size", "repoagent-directory", "cache-directory",
                    "model-load-gpu-limit", "enable-peer-access", "reuse-http-port",
                    "reuse-grpc-port",
-                   # Limits on the pings a client may send: shmserve answers every PING.
-                   "grpc-http2-max-pings-without-data",
-                   "grpc-http2-min-recv-ping-interval-without-data",
-                   "grpc-http2-max-ping-strikes")
+                   # The PINGs shmserve sends without data: only keepalive's, while calls
+                   # are open (or with --grpc-keepalive-permit-without-calls).
+                   "grpc-http2-max-pings-without-data")
 
 
 def _bool(text: str) -> bool:
@@ -167,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shmserve's own: gRPC streams and HTTP generate_stream responses open "
                         f"at once; more are refused UNAVAILABLE (default "
                         f"{defaults.max_open_streams})")
+    p.add_argument("--max-open-streams-per-connection", type=_positive_int,
+                   default=defaults.max_open_streams_per_connection, metavar="N",
+                   help="shmserve's own: gRPC streaming calls one connection may have open; "
+                        f"more are refused UNAVAILABLE (default "
+                        f"{defaults.max_open_streams_per_connection})")
     p.add_argument("--max-queue-size-default", type=_non_negative_int,
                    default=defaults.max_queue_size_default, metavar="N",
                    help="shmserve's own: queued requests per model whose config sets no "
@@ -200,6 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-connection-age-grace", type=_non_negative_int, default=0,
                    metavar="MS", help="then close it this much later if calls are still "
                                       "open (0: once they end)")
+    p.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=_non_negative_int,
+                   default=defaults.grpc_http2_min_recv_ping_interval_without_data_ms,
+                   metavar="MS", help="a client's PING sooner than this after its last one, "
+                   "with no data sent in between, is a strike (default 300000, as Triton)")
+    p.add_argument("--grpc-http2-max-ping-strikes", type=_non_negative_int,
+                   default=defaults.grpc_http2_max_ping_strikes, metavar="N",
+                   help="strikes a client may have before GOAWAY 'too_many_pings' closes its "
+                        "connection; 0: no limit (default 2, as Triton)")
+    p.add_argument("--grpc-max-connections", type=_non_negative_int,
+                   default=defaults.grpc_max_connections, metavar="N",
+                   help="shmserve's own: gRPC connections open at once; one more gets GOAWAY "
+                        f"and is closed; 0: no limit (default {defaults.grpc_max_connections})")
+    p.add_argument("--grpc-max-connection-idle", type=_non_negative_int,
+                   default=defaults.grpc_max_connection_idle_ms, metavar="MS",
+                   help="shmserve's own: GOAWAY to a gRPC connection that has had no call "
+                        "open this long (its client reconnects when it next calls); 0: never "
+                        f"(default {defaults.grpc_max_connection_idle_ms})")
+    p.add_argument("--grpc-max-decompressed-size", type=_positive_int,
+                   default=defaults.grpc_max_decompressed_size, metavar="BYTES",
+                   help="shmserve's own: the most a compressed gRPC request message may "
+                        "inflate to; more is refused RESOURCE_EXHAUSTED (default 64 MiB, as "
+                        "--http-max-input-size)")
     p.add_argument("--grpc-infer-response-compression-level",
                    choices=("none", "low", "medium", "high"), default="none",
                    help="compress what the gRPC endpoint sends with an algorithm the client "
@@ -370,6 +396,13 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        grpc_http2_min_recv_ping_interval_without_data_ms=(
+            args.grpc_http2_min_recv_ping_interval_without_data),
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_max_connections=args.grpc_max_connections,
+        grpc_max_connection_idle_ms=args.grpc_max_connection_idle,
+        grpc_max_decompressed_size=args.grpc_max_decompressed_size,
+        max_open_streams_per_connection=args.max_open_streams_per_connection,
         grpc_tls=grpc_tls,
         rate_limit=args.rate_limit == "execution_count",
         rate_limit_resources=rate_limit_resources,
@@ -423,6 +456,7 @@ def main(argv=None) -> int:
         print(f"shmserve: cannot open --log-file: {exc}", file=sys.stderr)
         return 1
     keep_large_blocks()
+    trim_periodically()
     for flag in NO_EFFECT_FLAGS:
         if getattr(args, flag.replace("-", "_")) is not None:
             logging.getLogger("shmserve").info("--%s has no effect in shmserve", flag)

@@ -49,7 +49,7 @@ MAX_INFLIGHT_PER_CONNECTION = 64
 # Queued requests per model with no queue policy of its own. Above any benchmark's
 # concurrency, yet it keeps an open-loop flood from queueing without bound.
 MAX_QUEUE_SIZE_DEFAULT = 1024
-MAX_OPEN_STREAMS = 1024
+MAX_OPEN_STREAMS = 16384
 # Triton's words after a shape mismatch on a model with a batch dimension.
 _BATCH_DIM_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
                    "dimension to be prepended to each input shape. If you want to specify the "

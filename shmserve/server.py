@@ -19,6 +19,7 @@ from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
+from shmserve.grpc import transport as grpc_transport
 from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.ipc import shm
@@ -91,6 +92,14 @@ class Options:
     # How much the messages the server sends are compressed: none, low, medium, high.
     grpc_infer_response_compression_level: str = "none"
     grpc_tls: Optional[TlsSettings] = None  # TLS for gRPC (--grpc-use-ssl[-mutual])
+    # gRPC's ping policy (tritonserver's --grpc-http2-* flags and defaults).
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
+    # What one gRPC client may hold (grpc/transport.py ConnectionLimits); shmserve's own.
+    grpc_max_connections: int = grpc_transport.MAX_CONNECTIONS  # 0: no limit
+    grpc_max_connection_idle_ms: int = int(grpc_transport.MAX_CONNECTION_IDLE_S * 1000)
+    grpc_max_decompressed_size: int = grpc_transport.MAX_DECOMPRESSED_SIZE
+    max_open_streams_per_connection: int = grpc_transport.MAX_STREAMING_CALLS_PER_CONNECTION
     # --rate-limit=execution_count, and the --rate-limit-resource (name, count, device or None)
     rate_limit: bool = False
     rate_limit_resources: tuple = ()
@@ -202,7 +211,14 @@ class Server:
                  opts.grpc_keepalive_permit_without_calls),
                 (opts.grpc_max_connection_age_ms / 1000,
                  opts.grpc_max_connection_age_grace_ms / 1000),
-                opts.grpc_infer_response_compression_level, opts.worker_answers)
+                opts.grpc_infer_response_compression_level, opts.worker_answers,
+                grpc_transport.ConnectionLimits(
+                    max_connections=opts.grpc_max_connections,
+                    max_streaming_calls=opts.max_open_streams_per_connection,
+                    max_connection_idle=opts.grpc_max_connection_idle_ms / 1000,
+                    max_decompressed_size=opts.grpc_max_decompressed_size,
+                    ping_interval=opts.grpc_http2_min_recv_ping_interval_without_data_ms / 1000,
+                    max_ping_strikes=opts.grpc_http2_max_ping_strikes))
             await self._grpc.start(opts.grpc_address, opts.grpc_port,
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:

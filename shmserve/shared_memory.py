@@ -240,16 +240,26 @@ def decode_raw_handle(b64: str) -> bytes:
 
 
 def _inspect_object(key: str, where: str) -> tuple[tuple, int]:
-    """((st_dev, st_ino), size) of the POSIX shared-memory object `key`."""
+    """((st_dev, st_ino), size) of the POSIX shared-memory object `key`. Triton's words;
+    why comes after, and the code says whose mistake it is (Triton answers INTERNAL to all):
+    a key that cannot name an object, or one the server may not open, is the client's
+    (INVALID_ARG), one that names nothing NOT_FOUND."""
+    shown = key if len(key) <= 256 else key[:256] + "..."
     bare = key.lstrip("/")
     if not bare or "/" in bare or "\x00" in bare:
-        raise ServerError(Code.INTERNAL, f"Unable to open shared memory region: '{key}'")
+        raise ServerError(Code.INVALID_ARG, f"Unable to open shared memory region: '{shown}': "
+                                            f"a key is '/' and a name without '/'")
     try:
         shm = posix_ipc.SharedMemory("/" + bare)
-    except (posix_ipc.Error, OSError, ValueError) as exc:
-        # Triton's status and words; why comes after. posix_ipc says ValueError for names
-        # the system refuses (too long, "." or "..").
-        raise ServerError(Code.INTERNAL, f"Unable to open shared memory region: '{key}': "
+    except posix_ipc.ExistentialError:
+        raise ServerError(Code.NOT_FOUND, f"Unable to open shared memory region: '{shown}': "
+                                          f"no shared-memory object has this key") from None
+    except (posix_ipc.PermissionsError, PermissionError, ValueError) as exc:
+        # posix_ipc says ValueError for names the system refuses (too long, "." or "..").
+        raise ServerError(Code.INVALID_ARG, f"Unable to open shared memory region: "
+                                            f"'{shown}': {exc}") from None
+    except (posix_ipc.Error, OSError) as exc:
+        raise ServerError(Code.INTERNAL, f"Unable to open shared memory region: '{shown}': "
                                          f"{exc}") from None
     try:
         st = os.fstat(shm.fd)

@@ -113,13 +113,18 @@ _RAW_INPUT_FIELD = 7
 # Below this a request is parsed by protobuf whole: splitting it in Python costs more than the
 # copies it saves.
 _SPLIT_FROM_BYTES = 64 * 1024
+# raw_input_contents' key byte (field 7, length-delimited).
+_RAW_INPUT_KEY = _RAW_INPUT_FIELD << 3 | 2
+# A message is split in Python only while it has at most this many top-level fields (a
+# request has one per input, output, parameter and raw input, and a few more); one with more
+# is parsed by protobuf whole, so that no message costs a Python step (and a view) for every
+# few bytes.
+_MAX_SPLIT_FIELDS = 1024
 
 
 # Requests whose fields before raw_input_contents are the same bytes are decoded once (see
 # request_templates.py): those bytes key (the template, which inputs take a raw entry).
 _TEMPLATES = BoundedCache()
-# raw_input_contents' key byte (field 7, length-delimited).
-_RAW_INPUT_KEY = _RAW_INPUT_FIELD << 3 | 2
 
 
 def read_model_infer_request(wire: bytes) -> InferRequest:
@@ -161,8 +166,10 @@ def _split_trailing_raw(wire: bytes):
     try:
         while pos < end:
             key = wire[pos]
-            if key & 7 != 2 or key > 0x7F:
+            if key & 7 != 2 or key > 0x7F or key < 8:
                 return None
+            if cut is None and pos > MAX_KEY_BYTES or len(raw) > _MAX_SPLIT_FIELDS:
+                return None  # not a template's head, or not a request of that layout
             length = wire[pos + 1]
             if length < 0x80:
                 start = pos + 2
@@ -186,44 +193,84 @@ def _split_trailing_raw(wire: bytes):
 
 def parse_model_infer_request(wire: bytes):
     """(the ModelInferRequest, its raw_input_contents as views of `wire` or None). Protobuf
-    would copy each raw input out of the message; for large inputs the views spare that."""
+    would copy each raw input out of the message; for large inputs the views spare that.
+    Field 0 and wire types 6 and 7 are refused where they are met; a message with groups or
+    more than _MAX_SPLIT_FIELDS fields is left to protobuf whole."""
     if len(wire) < _SPLIT_FROM_BYTES:
         return _parse_request(wire), None
     view = memoryview(wire)
-    rest = []
+    rest = []  # the spans between raw inputs
     raw = []
     pos = 0
+    span = 0  # where the current span of other fields began
     end = len(wire)
-    # Unknown fields may be groups (wire types 3 and 4, start and end); what is inside one is
-    # protobuf's to parse, as in a small request.
-    groups = 0
+    fields = 0
     try:
         while pos < end:
+            fields += 1
+            if fields > _MAX_SPLIT_FIELDS:
+                return _parse_request(wire), None
             start = pos
-            key, pos = _read_varint(wire, pos)
-            wire_type = key & 7
-            if wire_type == 2:
-                length, pos = _read_varint(wire, pos)
-                pos += length
-            elif wire_type == 0:
-                _, pos = _read_varint(wire, pos)
-            elif wire_type in (1, 5):
-                pos += 8 if wire_type == 1 else 4
-            elif wire_type == 3:
-                groups += 1
-            elif wire_type == 4 and groups:
-                groups -= 1
-            else:
-                raise ValueError(f"unexpected wire type {wire_type}")
+            key, value, pos = _next_field(wire, pos)
+            if pos == _GROUP:  # protobuf knows where it ends, and what may be inside it
+                return _parse_request(wire), None
             if pos > end:
                 raise ValueError("truncated message")
-            if key == _RAW_INPUT_FIELD << 3 | 2 and not groups:
-                raw.append(view[pos - length:pos])
-            else:
-                rest.append(view[start:pos])
+            if key == _RAW_INPUT_KEY:
+                if span < start:
+                    rest.append(view[span:start])
+                raw.append(view[value:pos])
+                span = pos
     except (ValueError, IndexError) as exc:
         raise invalid_arg(f"failed to parse the ModelInferRequest: {exc}") from None
+    if span < end:
+        rest.append(view[span:end])
     return _parse_request(b"".join(rest)), raw
+
+
+def check_partial_request(head: bytes, length: int) -> str | None:
+    """What is wrong with a ModelInferRequest of `length` bytes that begins with `head`, as
+    far as its top-level fields show (the transport asks before taking more of a long
+    message); None when nothing is, yet."""
+    pos = 0
+    end = len(head)
+    try:
+        for _ in range(_MAX_SPLIT_FIELDS):
+            if pos >= end:
+                return None
+            _, _, pos = _next_field(head, pos)
+            if pos == _GROUP:
+                return None  # for protobuf to judge once the message is whole
+            if pos > length:
+                return "failed to parse the ModelInferRequest: a field runs past its end"
+    except IndexError:
+        return None  # a key or length cut where the head ends
+    except ValueError as exc:
+        return f"failed to parse the ModelInferRequest: {exc}"
+    return None
+
+
+# _next_field's end for a group (wire types 3 and 4), whose end only a parse finds.
+_GROUP = -1
+
+
+def _next_field(wire, pos: int) -> tuple[int, int, int]:
+    """(key, where its value begins, where it ends) of the field at `pos`; ValueError for
+    field number 0 and wire types 6 and 7, IndexError for a key or length cut short."""
+    key, pos = _read_varint(wire, pos)
+    if key < 8:
+        raise ValueError("field number 0")
+    wire_type = key & 7
+    if wire_type == 2:
+        length, pos = _read_varint(wire, pos)
+        return key, pos, pos + length
+    if wire_type == 0:
+        return key, pos, _read_varint(wire, pos)[1]
+    if wire_type in (1, 5):
+        return key, pos, pos + (8 if wire_type == 1 else 4)
+    if wire_type in (3, 4):
+        return key, pos, _GROUP
+    raise ValueError(f"unexpected wire type {wire_type}")
 
 
 def _parse_request(wire: bytes):

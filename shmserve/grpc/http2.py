@@ -10,10 +10,22 @@ does only what a gRPC server needs, in few calls per frame. Two shortcuts keep H
 header blocks we send never use the dynamic table (so they are constants), and a request
 block made only of one-byte table references (what a gRPC client sends for every call after
 its first) is decoded once and then looked up.
+
+A client may try to make this side work, or hold memory, out of all proportion to what it
+sends. Each such way has a bound, and passing it ends the connection with GOAWAY: a header
+block longer than the advertised header list size is refused before it is decoded, and one
+may begin with at most two table size updates; PINGs follow gRPC's ping policy (strikes for
+PINGs that come too often while this side sends nothing); acknowledgements queued and not
+yet written are bounded; streams the client resets while this side serves them are rate
+limited. A SETTINGS frame is applied once, however many entries it repeats, and a new initial
+window costs the same however many streams are open (stream send windows are kept relative
+to it). And `receive` stops when its time slice is spent, so that what one connection sent
+cannot hold the event loop for long whatever it costs to parse.
 """
 
-import functools
+import math
 import struct
+import time
 
 import hpack
 
@@ -65,6 +77,32 @@ _FRAME_HEAD = struct.Struct(">IBI")  # (length << 8 | type), flags, stream id
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 _DECODED_CACHE_SIZE = 64
+# Longer blocks are decoded each time: a client's repeated request blocks are a few dozen
+# bytes, and the cache's memory stays small.
+_DECODED_CACHE_BLOCK = 128
+
+# Bounds on what a client can make this side do (see the module docstring).
+# RFC 7541 §4.2: a block needs at most two (the smallest size since the last one, then the
+# final size).
+MAX_TABLE_SIZE_UPDATES = 2
+# Answers to the client's frames (PING and SETTINGS ACKs, RST_STREAMs) queued and not yet
+# taken by data_to_send: as nghttp2's and Go's servers bound them.
+MAX_QUEUED_CONTROL_FRAMES = 10000
+# Streams the client resets while this side still serves them (HTTP/2 "rapid reset"): a
+# burst, then so many a second.
+RESET_BURST = 1000
+RESET_RATE = 100.0
+# `receive` yields once it has parsed this long (looked at after each header block it
+# decodes, and every 32 frames).
+PARSE_SLICE_S = 0.005
+# gRPC's ping policy, with its defaults (tritonserver's --grpc-http2-min-recv-ping-interval-
+# without-data and --grpc-http2-max-ping-strikes): a PING sooner than this after the last one,
+# with no HEADERS or DATA sent in between, is a strike; one strike more than the maximum ends
+# the connection (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings"). While no call is open the
+# interval is two hours, unless pings without calls are permitted.
+PING_INTERVAL_WITHOUT_DATA_S = 300.0
+PING_INTERVAL_WITHOUT_CALLS_S = 7200.0
+MAX_PING_STRIKES = 2
 
 
 class Http2Error(Exception):
@@ -76,12 +114,13 @@ class Http2Error(Exception):
 
 
 class _Stream:
-    __slots__ = ("send_window", "recv_window", "credit", "remote_open", "local_open")
+    __slots__ = ("send_credit", "recv_window", "remote_open", "local_open")
 
-    def __init__(self, send_window: int, recv_window: int, remote_open: bool):
-        self.send_window = send_window
+    def __init__(self, recv_window: int, remote_open: bool):
+        # The client's WINDOW_UPDATEs less the DATA sent: the send window is the client's
+        # initial window plus this, so a new initial window changes no stream.
+        self.send_credit = 0
         self.recv_window = recv_window
-        self.credit = 0  # received bytes consumed but not yet given back by WINDOW_UPDATE
         self.remote_open = remote_open
         self.local_open = True
 
@@ -104,14 +143,28 @@ def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 
 _STATUS_200 = (b":status", b"200")
+# Blocks already encoded: the few constant ones (response headers, OK trailers) are asked for
+# on every call. Only short blocks are kept, so that error trailers quoting what a client
+# sent cannot fill memory.
+_BLOCKS: dict = {}
+_BLOCKS_KEPT = 256
+_BLOCK_KEPT_BYTES = 512
 
 
-# The few constant blocks (response headers, OK trailers) are asked for on every call and
-# stay in the cache; error trailers, which vary, pass through it.
-@functools.lru_cache(maxsize=64)
 def encode_headers(headers: tuple) -> bytes:
     """An HPACK block that leaves the dynamic table alone: ':status: 200' as its static index,
     everything else as literals without indexing, so a block depends only on its headers."""
+    block = _BLOCKS.get(headers)
+    if block is None:
+        block = _encode_headers(headers)
+        if len(block) <= _BLOCK_KEPT_BYTES:
+            if len(_BLOCKS) >= _BLOCKS_KEPT:
+                _BLOCKS.clear()
+            _BLOCKS[headers] = block
+    return block
+
+
+def _encode_headers(headers: tuple) -> bytes:
     parts = []
     for name, value in headers:
         if (name, value) == _STATUS_200:
@@ -135,10 +188,20 @@ class ServerConnection:
 
     Sending on a stream that is no longer open does nothing: a call may end from both sides
     at once, and the later end has nothing left to say.
+
+    Flow control: the connection's window is given back as DATA arrives (received bytes are
+    bounded by the streams' windows instead); a stream's window is the listener's to grow,
+    with `ensure_window`, as far as it can take what comes.
+
+    The ping policy: `ping_interval` and `max_ping_strikes` (0: no limit) as gRPC's; with
+    `pings_without_calls` the same interval holds while no call is open.
     """
 
     def __init__(self, listener, *, max_concurrent_streams: int, stream_window: int,
-                 connection_window: int, max_frame_size: int, max_header_list_size: int):
+                 connection_window: int, max_frame_size: int, max_header_list_size: int,
+                 ping_interval: float = PING_INTERVAL_WITHOUT_DATA_S,
+                 max_ping_strikes: int = MAX_PING_STRIKES, pings_without_calls: bool = False,
+                 clock=time.monotonic):
         self.listener = listener
         self.streams: dict[int, _Stream] = {}
         # Streams whose whole answer another writer has (lend_stream), until return_stream.
@@ -153,14 +216,25 @@ class ServerConnection:
         self._credit = 0
         self._send_window = DEFAULT_WINDOW
         self._peer_stream_window = DEFAULT_WINDOW
+        self._max_header_list_size = max_header_list_size
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._decoded: dict = {}
+        self._decoding = False  # a block was decoded since the parse slice's clock was read
         self._buf = bytearray()
         self._preface_seen = False
-        self._settings_seen = False
+        self.established = False  # the client's preface and first SETTINGS have come
         self._continuing: tuple | None = None  # (sid, end_stream, block so far)
         self._signal_table_size = True
         self._goaway_sent = False
+        self._clock = clock
+        self._ping_interval = ping_interval
+        self._max_ping_strikes = max_ping_strikes
+        self._pings_without_calls = pings_without_calls
+        self._last_ping = -math.inf  # when the last PING came, since this side last sent
+        self._ping_strikes = 0
+        self._reset_tokens = float(RESET_BURST)
+        self._reset_time = clock()
+        self._control_frames = 0  # answers queued since data_to_send last took them
         self._out: list = [_frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in (
             (MAX_CONCURRENT_STREAMS, max_concurrent_streams),
             (INITIAL_WINDOW_SIZE, stream_window),
@@ -176,9 +250,12 @@ class ServerConnection:
                           WINDOW_UPDATE: self._on_window_update, CONTINUATION: self._on_continuation}
 
     # Input
-    def receive(self, data: bytes) -> None:
-        """Parses `data` and calls the listener; raises Http2Error (with GOAWAY queued) when
-        the client broke the protocol, after which the connection must be closed."""
+    def receive(self, data: bytes) -> bool:
+        """Parses `data` and calls the listener. Returns False when it stopped early, its
+        time slice (PARSE_SLICE_S) spent: the rest waits for the next call (`receive(b"")`
+        will do), which the caller makes in a later turn of its loop, without reading more
+        meanwhile. Raises Http2Error (with GOAWAY queued) when the client broke the protocol
+        or one of the bounds, after which the connection must be closed."""
         buf = self._buf
         if buf:
             buf += data
@@ -186,28 +263,31 @@ class ServerConnection:
         else:
             src = data
         try:
-            pos = self._parse(src)
+            pos, done = self._parse(src)
         except Http2Error as exc:
-            self.close_connection(exc.code)
+            self.close_connection(exc.code, str(exc))
             raise
         if src is buf:
             del buf[:pos]
         elif pos < len(src):
             buf += memoryview(src)[pos:]
+        return done
 
-    def _parse(self, src) -> int:
+    def _parse(self, src) -> tuple[int, bool]:
         pos = 0
         end_of_data = len(src)
         if not self._preface_seen:
             if end_of_data < len(PREFACE):
                 if PREFACE[:end_of_data] != src:
                     raise Http2Error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                return 0
+                return 0, True
             if src[:len(PREFACE)] != PREFACE:
                 raise Http2Error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self._preface_seen = True
             pos = len(PREFACE)
         handlers = self._handlers
+        deadline = time.perf_counter() + PARSE_SLICE_S
+        frames = 0
         while end_of_data - pos >= 9:
             length = src[pos] << 16 | src[pos + 1] << 8 | src[pos + 2]
             if length > self.max_frame_size:
@@ -222,17 +302,23 @@ class ServerConnection:
             pos = end
             if self._continuing is not None and ftype != CONTINUATION:
                 raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted")
-            if not self._settings_seen:
+            if not self.established:
                 if ftype != SETTINGS:
                     raise Http2Error(PROTOCOL_ERROR, "the first frame must be SETTINGS")
-                self._settings_seen = True
+                self.established = True
             handler = handlers.get(ftype)
             if handler is not None:  # frames of unknown types are ignored (RFC 9113 §5.5)
                 handler(flags, sid, payload)
-        return pos
+            frames += 1
+            if self._decoding or not frames & 31:
+                self._decoding = False
+                if time.perf_counter() > deadline and end_of_data - pos >= 9:
+                    return pos, False
+        return pos, True
 
     def _stream_error(self, sid: int, code: int) -> None:
-        self.reset_stream(sid, code)
+        if self.streams.pop(sid, None) is not None:
+            self._queue_control(_frame(RST_STREAM, 0, sid, _U32.pack(code)))
         self.listener.on_reset(sid)
 
     def _check_idle(self, sid: int, what: str) -> None:
@@ -245,18 +331,18 @@ class ServerConnection:
         self._recv_window -= size
         if self._recv_window < 0:
             raise Http2Error(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        if size:
+            self._credit_connection(size)
         if flags & PADDED:
             payload = _unpad(payload)
         stream = self.streams.get(sid)
         if stream is None or not stream.remote_open:
-            # A stream this side closed or reset: its late data is dropped, its credit given back.
-            self.acknowledge_received_data(size, 0)
+            # A stream this side closed or reset: its late data is dropped.
             if stream is not None:
                 self._stream_error(sid, STREAM_CLOSED)
             return
         stream.recv_window -= size
         if stream.recv_window < 0:
-            self.acknowledge_received_data(size, 0)
             self._stream_error(sid, FLOW_CONTROL_ERROR)
             return
         end_stream = flags & END_STREAM
@@ -279,18 +365,28 @@ class ServerConnection:
                 raise Http2Error(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             payload = payload[5:]
         end_stream = bool(flags & END_STREAM)
+        self._check_block_size(len(payload))
         if flags & END_HEADERS:
             self._headers(sid, end_stream, bytes(payload))
         else:
             self._continuing = (sid, end_stream, bytearray(payload))
+
+    def _check_block_size(self, size: int) -> None:
+        """A header block longer than the header list size this side advertised is not
+        decoded (a block never decodes to fewer bytes than it has, near enough: each field
+        counts 32 more); with HPACK's table out of step, the connection ends (RFC 9113
+        §4.3)."""
+        if size > self._max_header_list_size:
+            raise Http2Error(COMPRESSION_ERROR, f"a header block of over {size} bytes, more "
+                                                f"than the {self._max_header_list_size} "
+                                                f"advertised (SETTINGS_MAX_HEADER_LIST_SIZE)")
 
     def _on_continuation(self, flags: int, sid: int, payload) -> None:
         if self._continuing is None or self._continuing[0] != sid:
             raise Http2Error(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         _, end_stream, block = self._continuing
         block += payload
-        if len(block) > self.max_frame_size:
-            raise Http2Error(ENHANCE_YOUR_CALM, f"a header block of over {len(block)} bytes")
+        self._check_block_size(len(block))
         if flags & END_HEADERS:
             self._continuing = None
             self._headers(sid, end_stream, bytes(block))
@@ -303,10 +399,9 @@ class ServerConnection:
                 return  # trailers of a stream this side already ended
             self.last_stream_id = sid
             if len(self.streams) >= self._max_streams:
-                self._out.append(_frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+                self._queue_control(_frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
                 return
-            self.streams[sid] = _Stream(self._peer_stream_window, self._stream_window,
-                                        not end_stream)
+            self.streams[sid] = _Stream(self._stream_window, not end_stream)
             self.listener.on_request(sid, headers)
             if end_stream:
                 self.listener.on_end(sid)
@@ -324,6 +419,8 @@ class ServerConnection:
         headers = self._decoded.get(block)
         if headers is not None:
             return headers
+        _check_table_size_updates(block)
+        self._decoding = True
         try:
             headers = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as exc:
@@ -331,9 +428,10 @@ class ServerConnection:
         # One-byte indexed fields (every byte >= 0x80) change nothing in the table, so the
         # same bytes decode the same way until a block that may change it comes in.
         if block and min(block) >= 0x80:
-            if len(self._decoded) >= _DECODED_CACHE_SIZE:
-                self._decoded.clear()
-            self._decoded[block] = headers
+            if len(block) <= _DECODED_CACHE_BLOCK:
+                if len(self._decoded) >= _DECODED_CACHE_SIZE:
+                    self._decoded.clear()
+                self._decoded[block] = headers
         elif self._decoded:
             self._decoded.clear()
         return headers
@@ -349,7 +447,19 @@ class ServerConnection:
             raise Http2Error(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         self._check_idle(sid, "RST_STREAM")
         if self.streams.pop(sid, None) is not None or sid in self._lent:
+            self._spend_reset()
             self.listener.on_reset(sid)
+
+    def _spend_reset(self) -> None:
+        """A stream this side was serving was reset: one token of the bucket (RESET_BURST,
+        filled at RESET_RATE a second)."""
+        now = self._clock()
+        tokens = min(RESET_BURST, self._reset_tokens + (now - self._reset_time) * RESET_RATE)
+        self._reset_time = now
+        if tokens < 1:
+            raise Http2Error(ENHANCE_YOUR_CALM, f"more than {RESET_BURST} streams reset at "
+                                                f"once, or {RESET_RATE:g} a second")
+        self._reset_tokens = tokens - 1
 
     def _on_settings(self, flags: int, sid: int, payload) -> None:
         if sid != 0:
@@ -360,27 +470,29 @@ class ServerConnection:
             return
         if len(payload) % 6:
             raise Http2Error(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+        # Each entry is checked; only the last value of each setting is applied, once.
+        last = {}
         for key, value in _SETTING.iter_unpack(payload):
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise Http2Error(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE over 2^31-1")
-                delta = value - self._peer_stream_window
-                self._peer_stream_window = value
-                for stream in (*self.streams.values(), *self._lent.values()):
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise Http2Error(FLOW_CONTROL_ERROR, "a stream window over 2^31-1")
             elif key == MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
                     raise Http2Error(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
-                self.max_outbound_frame_size = value
             elif key == ENABLE_PUSH:
                 if value > 1:
                     raise Http2Error(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
-            elif key == HEADER_TABLE_SIZE:
-                # Our blocks use no dynamic table; its size is restated as 0 next time.
-                self._signal_table_size = True
-        self._out.append(_frame(SETTINGS, ACK, 0))
+            last[key] = value
+        if INITIAL_WINDOW_SIZE in last:
+            # Streams' send windows follow (see _Stream.send_credit). One pushed past 2^31-1
+            # is not looked for: send_window never offers more than the connection's.
+            self._peer_stream_window = last[INITIAL_WINDOW_SIZE]
+        if MAX_FRAME_SIZE in last:
+            self.max_outbound_frame_size = last[MAX_FRAME_SIZE]
+        if HEADER_TABLE_SIZE in last:
+            # Our blocks use no dynamic table; its size is restated as 0 next time.
+            self._signal_table_size = True
+        self._queue_control(_frame(SETTINGS, ACK, 0))
         self.listener.on_window()
 
     def _on_push_promise(self, flags: int, sid: int, payload) -> None:
@@ -391,10 +503,34 @@ class ServerConnection:
             raise Http2Error(PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
             raise Http2Error(FRAME_SIZE_ERROR, "PING of the wrong size")
-        if not flags & ACK:
-            self._out.append(_frame(PING, ACK, 0, bytes(payload)))
-        else:
+        if flags & ACK:
             self.listener.on_ping_ack(bytes(payload))
+            return
+        if self._max_ping_strikes:
+            now = self._clock()
+            interval = self._ping_interval
+            if not (self.streams or self._lent or self._pings_without_calls):
+                interval = PING_INTERVAL_WITHOUT_CALLS_S
+            if now < self._last_ping + interval:
+                self._ping_strikes += 1
+                if self._ping_strikes > self._max_ping_strikes:
+                    raise Http2Error(ENHANCE_YOUR_CALM, "too_many_pings")
+            self._last_ping = now
+        self._queue_control(_frame(PING, ACK, 0, bytes(payload)))
+
+    def _sent(self) -> None:
+        """HEADERS or DATA go out: the ping policy starts over (as gRPC's does)."""
+        self._last_ping = -math.inf
+        self._ping_strikes = 0
+
+    def _queue_control(self, frame: bytes) -> None:
+        """An answer the client's frames asked for (an ACK, a reset), bounded: a client that
+        sends them faster than they are written is cut off."""
+        self._control_frames += 1
+        if self._control_frames > MAX_QUEUED_CONTROL_FRAMES:
+            raise Http2Error(ENHANCE_YOUR_CALM, f"more than {MAX_QUEUED_CONTROL_FRAMES} "
+                                                f"frames to answer are waiting to be written")
+        self._out.append(frame)
 
     def send_ping(self, payload: bytes) -> None:
         """A PING (8 bytes of payload) the client must acknowledge."""
@@ -423,8 +559,8 @@ class ServerConnection:
             if increment == 0:
                 self._stream_error(sid, PROTOCOL_ERROR)
                 return
-            stream.send_window += increment
-            if stream.send_window > MAX_WINDOW:
+            stream.send_credit += increment
+            if self._peer_stream_window + stream.send_credit > MAX_WINDOW:
                 self._stream_error(sid, FLOW_CONTROL_ERROR)
                 return
         self.listener.on_window()
@@ -435,13 +571,14 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None:
             return 0
-        return min(stream.send_window, self._send_window)
+        return min(self._peer_stream_window + stream.send_credit, self._send_window)
 
     def send_headers(self, sid: int, headers: tuple, end_stream: bool = False) -> None:
         stream = self.streams.get(sid)
         if stream is None or not stream.local_open:
             return
         block = encode_headers(headers)
+        self._sent()
         if self._signal_table_size:
             block = b"\x20" + block  # dynamic table size update: 0
             self._signal_table_size = False
@@ -464,8 +601,9 @@ class ServerConnection:
         if stream is None or not stream.local_open:
             return
         size = len(data)
-        stream.send_window -= size
+        stream.send_credit -= size
         self._send_window -= size
+        self._sent()
         self._out.append(_FRAME_HEAD.pack(size << 8 | DATA, END_STREAM if end_stream else 0, sid))
         self._out.append(data)
         if end_stream:
@@ -487,14 +625,16 @@ class ServerConnection:
                 or self._signal_table_size:
             return None
         limit = self.max_outbound_frame_size
-        if data_size > min(stream.send_window, self._send_window, limit):
+        if data_size > min(self._peer_stream_window + stream.send_credit, self._send_window,
+                           limit):
             return None
         head_block = encode_headers(headers)
         trailer_block = encode_headers(trailers)
         if len(head_block) > limit or len(trailer_block) > limit:
             return None
-        stream.send_window -= data_size
+        stream.send_credit -= data_size
         self._send_window -= data_size
+        self._sent()
         self._close_local(sid, stream)
         self._lent[sid] = stream
         return (_frame(HEADERS, END_HEADERS, sid, head_block)
@@ -510,7 +650,7 @@ class ServerConnection:
             return
         self._send_window += data_size
         if reopen:
-            stream.send_window += data_size
+            stream.send_credit += data_size
             stream.local_open = True
             self.streams[sid] = stream
 
@@ -523,31 +663,33 @@ class ServerConnection:
         if self.streams.pop(sid, None) is not None:
             self._out.append(_frame(RST_STREAM, 0, sid, _U32.pack(code)))
 
-    def acknowledge_received_data(self, size: int, sid: int) -> None:
-        """`size` bytes received on `sid` (or 0: the connection only) have been consumed:
-        their window goes back to the client once half a window is owed, or the window is
-        spent."""
-        if not size:
-            return
+    def _credit_connection(self, size: int) -> None:
+        """`size` bytes of DATA came: the connection's window goes back to the client once
+        half of it is owed."""
         self._credit += size
-        if self._credit >= self._connection_window // 2 or self._recv_window <= 0:
+        if self._credit >= self._connection_window // 2:
             self._recv_window += self._credit
             self._out.append(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self._credit)))
             self._credit = 0
+
+    def ensure_window(self, sid: int, target: int) -> None:
+        """Lets the client send `target` more bytes on `sid` (while it is open): a
+        WINDOW_UPDATE when the stream's window is under half of that."""
         stream = self.streams.get(sid)
         if stream is None or not stream.remote_open:
-            return  # the client sends no more on it: no window to give back
-        stream.credit += size
-        if stream.credit >= self._stream_window // 2 or stream.recv_window <= 0:
-            stream.recv_window += stream.credit
-            self._out.append(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(stream.credit)))
-            stream.credit = 0
+            return
+        window = stream.recv_window
+        if 2 * window < target:
+            self._out.append(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(target - window)))
+            stream.recv_window = target
 
-    def close_connection(self, code: int = NO_ERROR) -> None:
-        """GOAWAY: streams up to the last one begun are still served, no new ones expected."""
+    def close_connection(self, code: int = NO_ERROR, debug: str = "") -> None:
+        """GOAWAY: streams up to the last one begun are still served, no new ones expected.
+        `debug`: why, for the client's logs."""
         if not self._goaway_sent:
             self._goaway_sent = True
-            self._out.append(_frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code)))
+            self._out.append(_frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id)
+                                    + _U32.pack(code) + debug.encode()[:256]))
 
     def has_output(self) -> bool:
         """Frames are queued that data_to_send has not taken yet."""
@@ -557,7 +699,26 @@ class ServerConnection:
         """The frames queued since the last call, as chunks to write in order."""
         out = self._out
         self._out = []
+        self._control_frames = 0
         return out
+
+
+def _check_table_size_updates(block: bytes) -> None:
+    """The table size updates a block begins with (hpack refuses them anywhere else) are
+    counted before it is decoded: a block of nothing else would cost a decode step a byte."""
+    count = 0
+    pos = 0
+    end = len(block)
+    while pos < end and block[pos] & 0xE0 == 0x20:
+        count += 1
+        if count > MAX_TABLE_SIZE_UPDATES:
+            raise Http2Error(COMPRESSION_ERROR, "a header block with more than "
+                                                f"{MAX_TABLE_SIZE_UPDATES} table size updates")
+        if block[pos] & 0x1F == 0x1F:  # the size goes on in the next bytes
+            pos += 1
+            while pos < end and block[pos] & 0x80:
+                pos += 1
+        pos += 1
 
 
 def _unpad(payload):

@@ -535,12 +535,13 @@ def _methods(service_name: str, servicer, restrictions: dict) -> dict:
             handler = _unary(fn, with_context=name == "ModelInfer", restriction=restriction)
         # ModelInfer and ModelStreamInfer read their requests themselves
         # (codec.read_model_infer_request).
+        infer = name in ("ModelInfer", "ModelStreamInfer")
         table[f"/{service_name}/{name}"] = Method(
             handler=handler,
-            deserialize=None if name in ("ModelInfer", "ModelStreamInfer") else req_cls.FromString,
-            serialize=(_serialized if name in ("ModelInfer", "ModelStreamInfer")
-                       else resp_cls.SerializeToString),
-            streaming=client_stream)
+            deserialize=None if infer else req_cls.FromString,
+            serialize=_serialized if infer else resp_cls.SerializeToString,
+            streaming=client_stream,
+            check_partial=codec.check_partial_request if infer else None)
     return table
 
 
@@ -551,12 +552,15 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                                      False),
                  connection_age: tuple = (0.0, 0.0),
                  response_compression: str = "none",
-                 prepare_answers: bool = True) -> GrpcServer:
+                 prepare_answers: bool = True,
+                 limits: transport.ConnectionLimits = transport.ConnectionLimits()
+                 ) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's
     (restricted_api.parse_restrictions); `keepalive`: (time s, timeout s, without calls);
     `connection_age`: (max age s, grace s), 0 for no limit; `response_compression`:
-    --grpc-infer-response-compression-level; `prepare_answers`: --worker-answers."""
+    --grpc-infer-response-compression-level; `prepare_answers`: --worker-answers; `limits`:
+    what one client may hold (transport.ConnectionLimits)."""
     restrictions = restrictions or {}
     return GrpcServer({
         **_methods(proto.SERVICE_NAME, InferenceServicer(
@@ -564,4 +568,5 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
         **_methods(proto.HEALTH_SERVICE_NAME, HealthServicer(dataplane), restrictions),
     }, max_message_size, keepalive_time=keepalive[0], keepalive_timeout=keepalive[1],
         keepalive_without_calls=keepalive[2], max_connection_age=connection_age[0],
-        max_connection_age_grace=connection_age[1], response_compression=response_compression)
+        max_connection_age_grace=connection_age[1], response_compression=response_compression,
+        limits=limits)

@@ -11,13 +11,16 @@ was most of the cost (see http2.py), so both layers are ours and kept small.
 """
 
 import asyncio
+import collections
 import logging
+import mmap
 import zlib
 from dataclasses import dataclass
 from typing import Callable
 
 from shmserve import eager
 from shmserve.grpc import http2
+from shmserve.ipc.malloc import release_mapping
 
 log = logging.getLogger("shmserve.grpc")
 
@@ -34,19 +37,50 @@ UNIMPLEMENTED = 12
 INTERNAL = 13
 UNAVAILABLE = 14
 
-# Every stream may hold this much unread data: large tensors arrive without waiting for a
-# window update every 64 KiB. A stream's data is read as it comes (see _Call.take), so this
-# bounds nothing but the client's pace.
-STREAM_WINDOW = 16 * 1024 * 1024
+# Flow control bounds what a connection buffers. A stream may be sent STREAM_WINDOW bytes
+# (HTTP/2's default) before its call grants more: a message being received gets a window as
+# large as what is left of it (at most MESSAGE_WINDOW at a time, so large tensors arrive
+# without waiting) once the connection has room for it, that is while the unfinished messages
+# admitted stay within MESSAGE_BUDGET, or it is alone (see _Connection._admit); other streams
+# wait their turn at STREAM_WINDOW. So a connection holds at most MAX_CONCURRENT_STREAMS x
+# STREAM_WINDOW bytes beyond the messages it admitted. The connection's own window is given
+# back as data comes (http2.py).
+STREAM_WINDOW = 65535
+MESSAGE_WINDOW = 16 * 1024 * 1024
+MESSAGE_BUDGET = 64 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
-MAX_FRAME_SIZE = 1024 * 1024
-# A connection that has sent nothing by then is closed: idle sockets that never speak would
-# otherwise be held for ever (connections that did speak may idle: clients keep channels open).
+# A frame's bytes wait until the whole frame has come, so this bounds what a client can hold
+# unparsed (RFC 9113's default).
+MAX_FRAME_SIZE = 16 * 1024
+# A connection whose client has not sent its preface and SETTINGS by then is closed: sockets
+# that never speak HTTP/2 would otherwise be held for ever.
 HANDSHAKE_TIMEOUT_S = 10.0
 # HTTP/2 streams per connection (each is one call). The caps on work are the dataplane's
 # (--max-inflight-per-connection, --max-open-streams); this one bounds per-connection state.
-MAX_CONCURRENT_STREAMS = 65536
-MAX_HEADER_LIST_SIZE = 65536
+MAX_CONCURRENT_STREAMS = 1024
+# gRPC's own hard limit on metadata (GRPC_ARG_ABSOLUTE_MAX_METADATA_SIZE); a longer header
+# block is refused before it is decoded (http2.py).
+MAX_HEADER_LIST_SIZE = 16 * 1024
+# Connection limits' defaults (ConnectionLimits, the flags in cli.py).
+MAX_CONNECTIONS = 10000
+MAX_STREAMING_CALLS_PER_CONNECTION = 256
+MAX_CONNECTION_IDLE_S = 300.0
+MAX_DECOMPRESSED_SIZE = 64 * 1024 * 1024  # as tritonserver's --http-max-input-size
+# A compressed message is inflated this much at a time, the loop serving others in between.
+_INFLATE_SLICE = 1024 * 1024
+_INFLATE_INPUT = 256 * 1024
+# An unfinished message this long is looked at (Method.check_partial) before its window grows:
+# garbage ends its call at once instead of filling memory. A client always has this much of
+# STREAM_WINDOW left for a message's first bytes (_refill keeps at least half of it).
+CHECK_PARTIAL_FROM = 16 * 1024
+# A message this large is received into a mapping of its own size: its pages are faulted in as
+# its frames come, nothing is copied as it grows (a bytearray grows by eighths, and copied a
+# 2 GiB message about eight times over, holding the loop a third of a second at the last
+# steps), and it is unmapped off the loop (release_mapping) once nothing uses it.
+LARGE_MESSAGE = 64 * 1024 * 1024
+# grpc-message is cut to this many bytes (before percent-encoding): clients refuse long
+# metadata, and encoding what a client sent (a model name of megabytes) would cost the loop.
+MAX_STATUS_MESSAGE_BYTES = 1024
 # Keepalive defaults: Triton's --grpc-keepalive-time (2 h) and --grpc-keepalive-timeout (20 s).
 KEEPALIVE_TIME_S = 7200.0
 KEEPALIVE_TIMEOUT_S = 20.0
@@ -83,12 +117,69 @@ class Method:
     """A handler: unary ones are `async fn(request, call) -> response`; streaming ones (both
     sides streaming) are async generators `fn(requests, call)`. `deserialize` turns a message
     (bytes-like) into the request, or is None for a handler that takes the message as it is;
-    `serialize` turns a response into bytes."""
+    `serialize` turns a response into bytes. `check_partial(head, length)`: what is wrong
+    with a message of `length` bytes whose first bytes are `head` (None: nothing yet), asked
+    once of a message still arriving past CHECK_PARTIAL_FROM bytes."""
 
     handler: Callable
     deserialize: Callable | None
     serialize: Callable
     streaming: bool
+    check_partial: Callable | None = None
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client may hold of the server, with tritonserver's flags where it has them
+    (cli.py): connections at once (0: no limit), streaming calls per connection, how long a
+    connection may stay without calls before GOAWAY (0: for ever), the size a compressed
+    message may inflate to, and gRPC's ping policy (see http2.py)."""
+
+    max_connections: int = MAX_CONNECTIONS
+    max_streaming_calls: int = MAX_STREAMING_CALLS_PER_CONNECTION
+    max_connection_idle: float = MAX_CONNECTION_IDLE_S
+    max_decompressed_size: int = MAX_DECOMPRESSED_SIZE
+    ping_interval: float = http2.PING_INTERVAL_WITHOUT_DATA_S
+    max_ping_strikes: int = http2.MAX_PING_STRIKES
+
+
+class _Incoming:
+    """A large message being received (LARGE_MESSAGE), straight into its own mapping."""
+
+    __slots__ = ("store", "size")
+
+    def __init__(self, size: int, first):
+        self.store = mmap.mmap(-1, size)
+        self.size = size
+        self.store.write(first)
+
+    def fill(self, data) -> int:
+        """Takes what of `data` belongs to the message: how much that is."""
+        taken = min(len(data), self.size - self.store.tell())
+        self.store.write(data if taken == len(data) else memoryview(data)[:taken])
+        return taken
+
+    def full(self) -> bool:
+        return self.store.tell() == self.size
+
+    def received(self) -> int:
+        return self.store.tell()
+
+    def message(self):
+        """The message (past its 5-byte prefix), as a view; the mapping goes once no view of
+        it is left."""
+        view = memoryview(self.store)[5:]
+        release_mapping(self.store)
+        return view
+
+
+class _Compressed:
+    """A message as it came, compressed: it is inflated when its handler takes it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
 
 
 class _Call:
@@ -96,8 +187,9 @@ class _Call:
     streaming method."""
 
     __slots__ = ("conn", "stream_id", "method", "headers", "encoding", "response_encoding",
-                 "buffer", "messages", "remote_ended", "waiter", "unacked", "task", "deadline",
-                 "expired", "headers_sent", "finished", "lent")
+                 "buffer", "messages", "remote_ended", "waiter", "task", "deadline",
+                 "expired", "headers_sent", "finished", "lent", "reserved", "queued",
+                 "checked", "incoming")
 
     def __init__(self, conn: "_Connection", stream_id: int, method: Method, headers: list,
                  encoding: bytes | None, response_encoding: bytes | None = None):
@@ -111,13 +203,16 @@ class _Call:
         self.messages: list = []  # complete messages the handler has not taken yet
         self.remote_ended = False
         self.waiter: asyncio.Future | None = None
-        self.unacked = 0  # flow-controlled bytes of messages not taken yet
         self.task: asyncio.Task | None = None
         self.deadline: asyncio.TimerHandle | None = None
         self.expired = False
         self.headers_sent = False
         self.finished = False
         self.lent = 0  # the DATA size of its answer while another writer has it, else 0
+        self.reserved = 0  # the size of the unfinished message the connection admitted
+        self.queued = False  # its unfinished message waits for room (_Connection._waiting)
+        self.checked = False  # its unfinished message was looked at (check_partial)
+        self.incoming: _Incoming | None = None  # a large message being received
 
     # The handler's context.
     def invocation_metadata(self) -> tuple:
@@ -137,6 +232,12 @@ class _Call:
                 await self.waiter
             finally:
                 self.waiter = None
+        if type(self.messages[0]) is _Compressed:
+            try:
+                await self.conn.inflate_first(self)
+            except RpcError as exc:  # the call ends with it, not only the iteration
+                self.conn._fail(self, exc.code, exc.message)
+                raise StopAsyncIteration from None
         return self.conn.take(self)
 
     def wake(self) -> None:
@@ -150,6 +251,16 @@ class _Call:
         be yielded like the others. The handler says when: nothing it yielded may still be
         on its way out."""
         return self.conn.send_now(self, data)
+
+
+# Why reading a connection is paused (bits of _Connection._reading_paused).
+_WRITES_PAUSED = 1  # the client does not read what we write
+_PARSING = 2  # what was read is still being parsed (http2.ServerConnection.receive)
+_TURN = 4  # it had its share of this turn of the loop (READ_PER_TURN)
+# A connection is read at most about this much in one turn of the loop: the loop's reader
+# reads a socket again and again while it has data (up to 32 times, 8 MiB), so one client
+# sending as fast as it can would hold every turn for tens of milliseconds.
+READ_PER_TURN = 256 * 1024
 
 
 class _Connection(asyncio.Protocol):
@@ -175,59 +286,125 @@ class _Connection(asyncio.Protocol):
         self._backed_up = False
         self._fd = -1  # the socket's descriptor, when it may be lent (not TLS)
         self.memo = None  # the servicer's, per connection (its prepared answers)
+        self._reading_paused = 0  # why reading is paused: _WRITES_PAUSED, _PARSING, _TURN
+        self._turn_bytes = 0  # read since reading was last paused for a turn
+        self._reserved = 0  # bytes of the unfinished messages admitted (_admit)
+        self._waiting: collections.deque = collections.deque()  # calls waiting for room
+        self.streaming_calls = 0
+        self._idle: asyncio.TimerHandle | None = None  # --grpc-max-connection-idle
+        self._idle_since = 0.0  # when the last call ended
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
+        server = self.server
+        limits = server.limits
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
             self._fd = sock.fileno()
         self.http2 = http2.ServerConnection(
             self, max_concurrent_streams=MAX_CONCURRENT_STREAMS, stream_window=STREAM_WINDOW,
             connection_window=CONNECTION_WINDOW, max_frame_size=MAX_FRAME_SIZE,
-            max_header_list_size=MAX_HEADER_LIST_SIZE)
-        self.server.connections.add(self)
+            max_header_list_size=MAX_HEADER_LIST_SIZE, ping_interval=limits.ping_interval,
+            max_ping_strikes=limits.max_ping_strikes,
+            pings_without_calls=server.keepalive_without_calls, clock=loop.time)
+        if limits.max_connections and len(server.connections) >= limits.max_connections:
+            self.http2.close_connection(http2.NO_ERROR, (
+                f"the server has {len(server.connections)} gRPC connections, the most it "
+                f"allows (--grpc-max-connections)"))
+            self.flush()
+            transport.close()
+            return
+        server.connections.add(self)
         self.flush()
-        loop = asyncio.get_running_loop()
-        self._silent = loop.call_later(self.server.handshake_timeout, transport.close)
+        self._silent = loop.call_later(server.handshake_timeout, self._handshake_timed_out)
         self._arm_keepalive()
-        if self.server.max_connection_age:
-            self._aging = loop.call_later(self.server.max_connection_age, self._age_out)
+        if server.max_connection_age:
+            self._aging = loop.call_later(server.max_connection_age, self._age_out)
+        self._idle_since = loop.time()
+        if limits.max_connection_idle:
+            self._idle = loop.call_later(limits.max_connection_idle, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
-        if self._silent is not None:
+        self._turn_bytes += len(data)
+        if self._turn_bytes > READ_PER_TURN:
+            self._turn_bytes = 0
+            self._pause_reading(_TURN)
+            self.loop.call_soon(self._resume_reading, _TURN)
+        try:
+            done = self.http2.receive(data)
+        except http2.Http2Error as exc:
+            self._protocol_error(exc)
+            return
+        if self._silent is not None and self.http2.established:
             self._silent.cancel()
             self._silent = None
-        try:
-            self.http2.receive(data)
-        except http2.Http2Error as exc:
-            log.debug("gRPC connection closed: HTTP/2 protocol error: %s", exc)
-            self.flush()
-            self.transport.close()
-            return
+        if not done:
+            self._pause_reading(_PARSING)
+            self.loop.call_soon(self._parse_rest)
         self.flush()
+
+    def _parse_rest(self) -> None:
+        """The rest of what was read, once the loop has served the others (see
+        http2.ServerConnection.receive); reading resumes when it is all parsed."""
+        if self.transport.is_closing():
+            return
+        try:
+            done = self.http2.receive(b"")
+        except http2.Http2Error as exc:
+            self._protocol_error(exc)
+            return
+        if done:
+            self._resume_reading(_PARSING)
+        else:
+            self.loop.call_soon(self._parse_rest)
+        self.flush()
+
+    def _protocol_error(self, exc: http2.Http2Error) -> None:
+        log.debug("gRPC connection closed: HTTP/2 protocol error: %s", exc)
+        self.flush()
+        self.transport.close()
+
+    def _handshake_timed_out(self) -> None:
+        log.debug("gRPC connection closed: no HTTP/2 preface and SETTINGS within %g s",
+                  self.server.handshake_timeout)
+        self._silent = None
+        self.transport.close()
+
+    def _pause_reading(self, why: int) -> None:
+        if not self._reading_paused:
+            self.transport.pause_reading()
+        self._reading_paused |= why
+
+    def _resume_reading(self, why: int) -> None:
+        if self._reading_paused & why:
+            self._reading_paused &= ~why
+            if not self._reading_paused and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
-        if self._silent is not None:
-            self._silent.cancel()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-        if self._aging is not None:
-            self._aging.cancel()
+        for timer in (self._silent, self._keepalive, self._aging, self._idle):
+            if timer is not None:
+                timer.cancel()
         for call in list(self.calls.values()):
             self._drop(call)
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
     def pause_writing(self) -> None:
+        # A client that does not read is not read from either: what it sends would queue
+        # answers (ACKs, errors) without end. Its HTTP/2 stack reads while it writes, so a
+        # client that does read is not held up.
         if self._paused is None or self._paused.done():
             self._paused = self.loop.create_future()
+        self._pause_reading(_WRITES_PAUSED)
 
     def resume_writing(self) -> None:
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
+        self._resume_reading(_WRITES_PAUSED)
 
     # Writing
     def flush(self) -> None:
@@ -342,6 +519,15 @@ class _Connection(asyncio.Protocol):
         if self.server.stopping:
             self._refuse(sid, UNAVAILABLE, "the server is shutting down")
             return
+        if method.streaming:
+            limit = self.server.limits.max_streaming_calls
+            if self.streaming_calls >= limit:
+                self._refuse(sid, UNAVAILABLE, f"the connection has {limit} streaming calls "
+                                               f"open, the most it allows "
+                                               f"(--max-open-streams-per-connection): retry "
+                                               f"later")
+                return
+            self.streaming_calls += 1
         level = self.server.response_compression
         call = _Call(self, sid, method, headers, encoding,
                      response_encoding(level, accepted) if level else None)
@@ -349,7 +535,8 @@ class _Connection(asyncio.Protocol):
         if timeout is not None:
             seconds = _timeout_seconds(timeout)
             if seconds is None:
-                self._fail(call, INTERNAL, f"invalid grpc-timeout: {timeout.decode('latin-1')}")
+                self._fail(call, INVALID_ARGUMENT,
+                           f"invalid grpc-timeout: {timeout[:64].decode('latin-1')}")
                 return
             call.deadline = asyncio.get_running_loop().call_later(seconds, self._expire, call)
         if method.streaming:
@@ -358,9 +545,20 @@ class _Connection(asyncio.Protocol):
     def on_data(self, sid: int, data, size: int) -> None:
         call = self.calls.get(sid)
         if call is None or call.finished:
-            self._ack(size, sid)
             return
-        call.unacked += size
+        incoming = call.incoming
+        if incoming is not None:
+            taken = incoming.fill(data)
+            if not incoming.full():
+                self._refill(call)
+                return
+            call.incoming = None
+            self._release(call)
+            compressed = incoming.store[0]
+            message = incoming.message()
+            call.messages.append(_Compressed(message) if compressed else message)
+            call.wake()
+            data = memoryview(data)[taken:]
         buffer = call.buffer
         buffer += data
         limit = self.server.max_message_size
@@ -382,49 +580,138 @@ class _Connection(asyncio.Protocol):
                 with memoryview(buffer) as view:
                     message = bytes(view[5:end])
                 del buffer[:end]
-            if compressed:
-                try:
-                    message = self._decompress(call, message)
-                except RpcError as exc:
-                    self._fail(call, exc.code, exc.message)
-                    return
-            call.messages.append(message)
+            if call.reserved:
+                self._release(call)
+            call.messages.append(_Compressed(message) if compressed else message)
             call.wake()
-        if not call.messages:
-            # Mid-message: the rest must come before anything can be taken.
-            self._ack(call.unacked, sid)
-            call.unacked = 0
+        if call.method.streaming:
+            if not call.messages:
+                self._refill(call)
+        elif call.messages and (buffer or len(call.messages) > 1):
+            self._fail(call, UNIMPLEMENTED, "a unary call takes exactly one request message")
+        else:
+            # A unary call's message does not wait to be taken: the client may go on (with
+            # the end of its stream; anything more is refused above).
+            self._refill(call)
 
-    def _decompress(self, call: _Call, message) -> bytes:
+    # Flow control: what a connection holds of the messages its client sends.
+    def _refill(self, call: _Call) -> None:
+        """Grows `call`'s stream window as far as the call can take what comes, once it has
+        taken every message that came: to the rest of the message being received when the
+        connection has room for it (_admit), else (between messages) to STREAM_WINDOW."""
+        if call.remote_ended or call.finished:
+            return
+        if call.incoming is not None:
+            self.http2.ensure_window(call.stream_id, min(
+                call.incoming.size - call.incoming.received(), MESSAGE_WINDOW))
+            return
+        buffer = call.buffer
+        if len(buffer) < 5:
+            self.http2.ensure_window(call.stream_id, STREAM_WINDOW)
+            return
+        length = int.from_bytes(buffer[1:5], "big")
+        check = call.method.check_partial
+        if not call.checked and check is not None and not buffer[0]:  # not compressed
+            if len(buffer) < CHECK_PARTIAL_FROM:
+                return  # its first bytes are looked at before the window grows
+            call.checked = True
+            error = check(bytes(buffer[5:]), length)
+            if error is not None:
+                self._fail(call, INVALID_ARGUMENT, error)
+                return
+        if call.reserved or self._admit(call, 5 + length):
+            if 5 + length >= LARGE_MESSAGE:
+                call.incoming = _Incoming(5 + length, buffer)
+                call.buffer = bytearray()
+            self.http2.ensure_window(call.stream_id, min(5 + length - len(buffer),
+                                                         MESSAGE_WINDOW))
+
+    def _admit(self, call: _Call, size: int) -> bool:
+        """Room for an unfinished message of `size` bytes: the messages admitted stay within
+        MESSAGE_BUDGET, but for a larger one admitted alone. Calls are admitted in the order
+        they asked; one that must wait is queued, and its client stops at STREAM_WINDOW."""
+        waiting = self._waiting
+        if (waiting and waiting[0] is not call) or (
+                self._reserved and self._reserved + size > MESSAGE_BUDGET):
+            if not call.queued:
+                call.queued = True
+                waiting.append(call)
+            return False
+        if call.queued:
+            waiting.popleft()
+            call.queued = False
+        call.reserved = size
+        self._reserved += size
+        return True
+
+    def _release(self, call: _Call) -> None:
+        """`call`'s admitted message is complete (or the call is over): the calls waiting
+        may fit now."""
+        self._reserved -= call.reserved
+        call.reserved = 0
+        waiting = self._waiting
+        while waiting:
+            head = waiting[0]
+            self._refill(head)
+            if head.queued:  # still waiting (or it failed: _forget took it out)
+                break
+        self.flush_soon()
+
+    async def inflate_first(self, call: _Call) -> None:
+        """The first of `call`'s messages, inflated in slices (the loop serves others in
+        between) and no further than --grpc-max-decompressed-size (and the message size
+        limit)."""
+        data = call.messages[0].data
         if call.encoding is None:
-            raise RpcError(INTERNAL, "a compressed message without grpc-encoding")
-        limit = self.server.max_message_size
+            raise RpcError(INVALID_ARGUMENT, "a compressed message without grpc-encoding")
+        limit = min(self.server.max_message_size, self.server.limits.max_decompressed_size)
         inflater = zlib.decompressobj(_WBITS[call.encoding])
-        try:
-            out = inflater.decompress(message, limit + 1)
-        except zlib.error as exc:
-            raise RpcError(INTERNAL, f"cannot decompress the message: {exc}") from None
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise RpcError(RESOURCE_EXHAUSTED,
-                           f"Received message larger than max (more than {limit} decompressed)")
+        out = bytearray()
+        view = memoryview(data)
+        first = True
+        for start in range(0, len(view), _INFLATE_INPUT):
+            pending = view[start:start + _INFLATE_INPUT]
+            while True:
+                if not first:
+                    await asyncio.sleep(0)
+                    if call.finished:
+                        raise asyncio.CancelledError
+                first = False
+                try:
+                    chunk = inflater.decompress(pending, _INFLATE_SLICE)
+                except zlib.error as exc:
+                    raise RpcError(INVALID_ARGUMENT,
+                                   f"cannot decompress the message: {exc}") from None
+                out += chunk
+                if len(out) > limit:
+                    raise RpcError(RESOURCE_EXHAUSTED,
+                                   f"Received message larger than max (more than {limit} "
+                                   f"bytes decompressed; --grpc-max-decompressed-size)")
+                pending = inflater.unconsumed_tail
+                if inflater.eof or (not pending and len(chunk) < _INFLATE_SLICE):
+                    break
+            if inflater.eof:
+                break
         if not inflater.eof:
-            raise RpcError(INTERNAL, "cannot decompress the message: it is truncated")
-        return out
+            raise RpcError(INVALID_ARGUMENT, "cannot decompress the message: it is truncated")
+        call.messages[0] = out
 
     def take(self, call: _Call):
-        """The next message of `call`, deserialized; its flow-control credit goes back now."""
+        """The next message of `call` (inflated already), deserialized; its stream's window
+        grows again once no message waits (_refill)."""
         message = call.messages.pop(0)
-        if not call.messages and call.unacked:
-            self._ack(call.unacked, call.stream_id)
-            call.unacked = 0
-            self.flush_soon()
+        if not call.messages and not call.remote_ended:
+            self._refill(call)
+            if self.http2.has_output():
+                self.flush_soon()
         deserialize = call.method.deserialize
         if deserialize is None:
             return message
         try:
             return deserialize(message)
         except Exception as exc:
-            raise RpcError(INTERNAL, f"cannot parse the request message: {exc}") from None
+            raise RpcError(INVALID_ARGUMENT,
+                           f"cannot parse the request message: {exc}") from None
 
     def on_end(self, sid: int) -> None:
         call = self.calls.get(sid)
@@ -432,11 +719,11 @@ class _Connection(asyncio.Protocol):
             return
         call.remote_ended = True
         if call.buffer:
-            self._fail(call, INTERNAL, "the stream ended inside a message")
+            self._fail(call, INVALID_ARGUMENT, "the stream ended inside a message")
         elif call.method.streaming:
             call.wake()
         elif len(call.messages) != 1:
-            self._fail(call, UNIMPLEMENTED if call.messages else INTERNAL,
+            self._fail(call, UNIMPLEMENTED if call.messages else INVALID_ARGUMENT,
                        "a unary call takes exactly one request message")
         else:
             # Started now, so the request reaches its scheduler in this turn of the loop.
@@ -521,14 +808,26 @@ class _Connection(asyncio.Protocol):
             self._aging = asyncio.get_running_loop().call_later(
                 self.server.max_connection_age_grace, self.transport.close)
 
+    def _check_idle(self) -> None:
+        """--grpc-max-connection-idle: GOAWAY once no call has been open that long."""
+        idle = self.server.limits.max_connection_idle
+        now = self.loop.time()
+        if self.calls or self._lent:
+            self._idle = self.loop.call_later(idle, self._check_idle)
+        elif now - self._idle_since < idle:
+            self._idle = self.loop.call_later(self._idle_since + idle - now, self._check_idle)
+        else:
+            self._idle = None
+            log.debug("gRPC connection closed: no call for %g s", idle)
+            self.http2.close_connection(http2.NO_ERROR, "max_idle")
+            self.flush()
+            self.transport.close()
+
     def on_goaway(self) -> None:
         """The client opens no more calls; those in flight still get their answers."""
         self._leaving = True
         if not self.calls:
             self.transport.close()
-
-    def _ack(self, size: int, sid: int) -> None:
-        self.http2.acknowledge_received_data(size, sid)
 
     # Serving
     async def _serve(self, call: _Call, body) -> None:
@@ -545,6 +844,8 @@ class _Connection(asyncio.Protocol):
             self._fail(call, UNKNOWN, "Unexpected error in the RPC handler")
 
     async def _unary(self, call: _Call) -> None:
+        if type(call.messages[0]) is _Compressed:
+            await self.inflate_first(call)
         response = await call.method.handler(self.take(call), call)
         if response is not SENT:
             await self._send_message(call, call.method.serialize(response))
@@ -678,17 +979,21 @@ class _Connection(asyncio.Protocol):
         self.http2.reset_stream(sid)
 
     def _forget(self, call: _Call) -> None:
-        self.calls.pop(call.stream_id, None)
-        if call.unacked:
-            # Messages nobody will take: their credit goes back, or the connection's window
-            # would shrink for good.
-            self._ack(call.unacked, call.stream_id)
-            call.unacked = 0
-            self.flush_soon()
+        if self.calls.pop(call.stream_id, None) is not None and call.method.streaming:
+            self.streaming_calls -= 1
+        if call.queued:
+            call.queued = False
+            self._waiting.remove(call)
+        if call.incoming is not None:
+            release_mapping(call.incoming.store)
+            call.incoming = None
+        if call.reserved:
+            self._release(call)
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None
         if not self.calls:
+            self._idle_since = self.loop.time()
             if self._leaving:
                 self.flush_soon()  # the last answer goes out before the socket closes
                 asyncio.get_running_loop().call_soon(self.transport.close)
@@ -704,13 +1009,16 @@ class GrpcServer:
                  keepalive_time: float = KEEPALIVE_TIME_S,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
                  keepalive_without_calls: bool = False, max_connection_age: float = 0.0,
-                 max_connection_age_grace: float = 0.0, response_compression: str = "none"):
+                 max_connection_age_grace: float = 0.0, response_compression: str = "none",
+                 limits: ConnectionLimits = ConnectionLimits()):
         """Keepalive (seconds; a time of 0 sends no PINGs): gRPC's server settings, with
         Triton's defaults. A connection older than `max_connection_age` seconds (0: no
         limit) is sent GOAWAY, and closed `max_connection_age_grace` seconds later if calls
         are still open (0: once they end). `response_compression`: one of
-        COMPRESSION_LEVELS, for the messages the server sends."""
+        COMPRESSION_LEVELS, for the messages the server sends. `limits`: what one client
+        may hold."""
         self.methods = {path.encode(): method for path, method in methods.items()}
+        self.limits = limits
         # 0 for none, else the level's index.
         self.response_compression = COMPRESSION_LEVELS.index(response_compression)
         self.max_message_size = max_message_size
@@ -786,8 +1094,12 @@ def _timeout_seconds(value: bytes) -> float | None:
 
 
 def _percent_encode(message: str) -> bytes:
-    """grpc-message: UTF-8, with bytes outside printable ASCII and '%' as %XX."""
-    raw = message.encode("utf-8", "replace")
+    """grpc-message: UTF-8, with bytes outside printable ASCII and '%' as %XX, cut to
+    MAX_STATUS_MESSAGE_BYTES."""
+    limit = MAX_STATUS_MESSAGE_BYTES
+    raw = message[:limit].encode("utf-8", "replace")
+    if len(raw) > limit or len(message) > limit:
+        raw = raw[:limit].decode("utf-8", "ignore").encode() + b"..."
     if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
         return raw
     return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b

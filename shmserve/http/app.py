@@ -418,6 +418,4 @@ def build_server(dataplane: DataPlane, max_input_size: int,
         except MethodNotAllowed:
             return error_response(405, "Method Not Allowed")
 
-    return HttpServer(handle, max_input_size, max_inflight_per_connection, busy_message=(
-        f"the connection has more than {max_inflight_per_connection} requests in flight, the "
-        f"most it allows (--max-inflight-per-connection): retry later"))
+    return HttpServer(handle, max_input_size, max_inflight_per_connection)

@@ -25,12 +25,16 @@ log = logging.getLogger("shmserve.http")
 
 # The request line and headers together: more is refused (431) before anything is built.
 MAX_HEAD_BYTES = 64 * 1024
-# A request's head must arrive within this many seconds of its first byte, the whole request
-# within REQUEST_TIMEOUT_S, and an idle connection (nothing in flight) is closed after
-# KEEPALIVE_TIMEOUT_S: a client that trickles bytes cannot hold a connection for ever.
+# A request's head must arrive within this many seconds of its first byte, its body must not
+# stop for longer than BODY_TIMEOUT_S, the whole request must arrive within REQUEST_TIMEOUT_S,
+# and an idle connection (nothing in flight) is closed after KEEPALIVE_TIMEOUT_S: a client
+# that trickles bytes cannot hold a connection for ever.
 HEADERS_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 300.0
 KEEPALIVE_TIMEOUT_S = 75.0
+# An error's text is cut to this many characters: it may quote what a client sent.
+MAX_ERROR_CHARS = 4096
 _SWEEP_INTERVAL_S = 1.0
 # After refusing a request whose body it will not read, the connection reads and drops what
 # the client still sends for this long before closing: a client that writes its whole body
@@ -136,7 +140,9 @@ class _HeldWrites:
 
 
 def error_response(status: int, message: str) -> Response:
-    """Triton's error body, {"error": message}."""
+    """Triton's error body, {"error": message}, the message cut to MAX_ERROR_CHARS."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "..."
     return Response(status, orjson.dumps({"error": message}), "application/json")
 
 
@@ -216,6 +222,9 @@ class _Connection(asyncio.Protocol):
         self._unfinished_head = 0  # bytes read into a header or trailer not yet complete
         self._body: list = []
         self._body_bytes = 0
+        # The body's progress as the last sweep saw it: ((request, bytes), when it moved).
+        self._body_mark: tuple = ()
+        self._body_moved = 0.0
         # The head of the last request that arrived alone in one read, and what it parsed
         # to; see _take_known.
         self._known_head = b""
@@ -320,6 +329,8 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+            if self.task is None and not self.transport.is_closing():
+                self._serve_next()  # what waited for the client to read (see _serve_next)
 
     async def drain(self) -> None:
         if self._drained is not None and not self._drained.done():
@@ -437,19 +448,19 @@ class _Connection(asyncio.Protocol):
         self.pending.append(_Refusal(response))
         self.phase = _SERVING
 
-    # Serving, one request at a time so that answers leave in request order.
+    # Serving, one request at a time so that answers leave in request order. Pipelined
+    # requests wait their turn (the connection is not read while more than max_inflight
+    # wait), and none is served while the client is not reading the answers.
     def _serve_next(self) -> None:
         while self.task is None and self.pending and not self.transport.is_closing():
+            if self._drained is not None and not self._drained.done():
+                break  # resume_writing serves on
             item = self.pending.popleft()
             if type(item) is _Refusal:
                 self._answer_refusal(item.response)
                 return
             if item.closes:
                 self.closing = True
-            if len(self.pending) >= self.server.max_inflight:
-                # A client that floods one connection is told, not queued without bound.
-                self.write_response(item, error_response(503, self.server.busy_message))
-                continue
             # Started now, so the request reaches its scheduler in this turn of the loop; one
             # answered at once (a health check) lets the next pipelined one start too.
             task = eager.start(self._serve(item), self.loop)
@@ -610,20 +621,25 @@ class _Connection(asyncio.Protocol):
     def check_timeouts(self, now: float) -> None:
         phase = self.phase
         if phase == _HEAD and now - self.since > HEADERS_TIMEOUT_S:
-            self._time_out("the request headers")
-        elif phase == _BODY and now - self.since > REQUEST_TIMEOUT_S:
-            self._time_out("the request")
+            self._time_out(f"the request headers did not arrive within {HEADERS_TIMEOUT_S:g} s")
+        elif phase == _BODY:
+            mark = (self._begun, self._body_bytes)
+            if mark != self._body_mark:
+                self._body_mark = mark
+                self._body_moved = now
+            elif now - self._body_moved > BODY_TIMEOUT_S:
+                self._time_out(f"the request body stopped for {BODY_TIMEOUT_S:g} s")
+            elif now - self.since > REQUEST_TIMEOUT_S:
+                self._time_out(f"the request did not arrive within {REQUEST_TIMEOUT_S:g} s")
         elif phase == _IDLE and now - self.since > KEEPALIVE_TIMEOUT_S:
             self.transport.close()
 
-    def _time_out(self, what: str) -> None:
-        limit = HEADERS_TIMEOUT_S if what == "the request headers" else REQUEST_TIMEOUT_S
+    def _time_out(self, why: str) -> None:
         self.refused = True
         self.pending.clear()
         if self.task is None:
             self.closing = True
-            self.write_response(None, error_response(
-                408, f"{what} did not arrive within {limit:g} s"))
+            self.write_response(None, error_response(408, why))
         self.transport.close()
 
 
@@ -640,17 +656,14 @@ def _too_large(limit: int) -> str:
 
 class HttpServer:
     """Serves `handle` (async: Request -> Response, or None after `request.stream()`) on
-    one TCP address. At most `max_inflight` requests of one connection are read ahead of
-    the one being served; one more is answered 503 with `busy_message`."""
+    one TCP address. Once more than `max_inflight` requests of one connection wait behind
+    the one being served, the connection is not read until they are down to half."""
 
-    def __init__(self, handle, max_input_size: int, max_inflight: int = 64,
-                 busy_message: str = "too many requests in flight on this connection",
-                 on_stop=None):
+    def __init__(self, handle, max_input_size: int, max_inflight: int = 64, on_stop=None):
         self.handle = handle
         self.on_stop = on_stop
         self.max_input_size = max_input_size
         self.max_inflight = max(1, max_inflight)
-        self.busy_message = busy_message
         self.connections: set = set()
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None

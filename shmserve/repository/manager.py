@@ -13,6 +13,7 @@ the ones they hold (`stats.inflight`), then stop. Operations on one model are se
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -44,7 +45,7 @@ class ModelManager:
         self._not_unique: list = []  # models to load at start found in several repositories
         self._poll_secs = poll_secs
         self._drain_timeout = drain_timeout
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, list] = {}  # model -> [its lock, its users] (_locked)
         self._fingerprints: dict[str, tuple] = {}  # poll mode: each model's files at its load
         self._uploads: dict[str, str] = {}  # model -> temporary directory of its `file:` load
         self._explicit: set = set()  # models loaded by name (not only as an ensemble's step)
@@ -119,6 +120,7 @@ class ModelManager:
         `config_json`: a ModelConfig as JSON, in place of config.pbtxt. `files`:
         {"file:<version>/<path>": bytes}, the whole model directory to load from (it then
         needs `config_json`, as in Triton)."""
+        _check_name(name)
         self._check_control()
         files = files or {}
         if files and config_json is None:
@@ -132,7 +134,7 @@ class ModelManager:
             except ServerError as exc:
                 raise ServerError(Code.INVALID_ARG,
                                   f"load failed for model '{name}': {exc.message}\n") from None
-        async with self._lock(name):
+        async with self._locked(name):
             upload = _write_upload(name, files) if files else None
             path = upload or find_model(self.repositories, name)
             if path is None:
@@ -159,7 +161,7 @@ class ModelManager:
             path = find_model(self.repositories, step)
             if path is None:
                 continue  # the ensemble's load says which step is missing
-            async with self._lock(step):
+            async with self._locked(step):
                 step_entry = ModelEntry(step, path, version_dirs(path))
                 await self._load_steps(step_entry, None, seen | {step})
                 _, retired = await self.loader.load_model(step_entry)
@@ -169,6 +171,7 @@ class ModelManager:
         """Start unloading `name` and the ensembles that use it (and, with
         `unload_dependents`, the steps of those ensembles that nothing else uses); as in
         Triton, does not wait for the unload. Unloading a model that is not loaded succeeds."""
+        _check_name(name)
         self._check_control()
         configs = {n: _config(rec) for n, rec in self.registry.models.items()}
         loaded = {n for n, rec in self.registry.models.items()
@@ -193,11 +196,21 @@ class ModelManager:
             raise ServerError(Code.UNAVAILABLE, "explicit model load / unload is not allowed "
                                                 "if polling is enabled")
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str):
+        """One load or unload of a model at a time. A lock lives while it is used: names
+        come from clients, and must not pile up."""
+        entry = self._locks.get(name)
+        if entry is None:
+            entry = self._locks[name] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._locks[name]
 
     # -- retiring replaced versions ----------------------------------------------------
 
@@ -256,7 +269,7 @@ class ModelManager:
             await asyncio.gather(*(self._reload(entry) for entry in ready))
 
     async def _reload(self, entry) -> None:
-        async with self._lock(entry.name):
+        async with self._locked(entry.name):
             log.info("model '%s' is new or changed: loading it", entry.name)
             _, retired = await self.loader.load_model(entry)
             self._retire(retired)
@@ -349,3 +362,12 @@ def _write_upload(name: str, files: dict) -> str:
 
 def _remove_upload(model_dir: str) -> None:
     shutil.rmtree(os.path.dirname(model_dir), ignore_errors=True)
+
+
+def _check_name(name: str) -> None:
+    """A name the load and unload APIs take: a directory of a repository, so never a path
+    out of it (INVALID_ARG before anything else is said)."""
+    if not name or name in (".", "..") or "/" in name or "\x00" in name:
+        shown = name if len(name) <= 256 else name[:256] + "..."
+        raise ServerError(Code.INVALID_ARG, f"invalid model name '{shown}': a model is a "
+                                            f"directory of the model repository")

@@ -283,11 +283,12 @@ def _framed(message: bytes, compressed: int = 0, length: int | None = None) -> b
 @pytest.mark.parametrize("body, headers, status, fragment", [
     # A header claiming 4 GiB: refused from the 5 bytes alone, nothing allocated.
     (_framed(b"", length=2**32 - 1), (), "8", "larger than max"),
-    (_framed(b"abc", length=10), (), "13", "inside a message"),
-    (_framed(b"x", compressed=1), (), "13", "without grpc-encoding"),
-    (_framed(b"x", compressed=1), (("grpc-encoding", "gzip"),), "13", "decompress"),
+    # The client's mistakes are INVALID_ARGUMENT (3), never INTERNAL.
+    (_framed(b"abc", length=10), (), "3", "inside a message"),
+    (_framed(b"x", compressed=1), (), "3", "without grpc-encoding"),
+    (_framed(b"x", compressed=1), (("grpc-encoding", "gzip"),), "3", "decompress"),
     (_framed(b""), (("grpc-encoding", "br"),), "12", "'br' not supported"),
-    (_framed(b""), (("grpc-timeout", "soon"),), "13", "grpc-timeout"),
+    (_framed(b""), (("grpc-timeout", "soon"),), "3", "grpc-timeout"),
     (_framed(b"") * 2, (), "12", "exactly one request message"),
     (_framed(b"\xff\xff\xff"), (), "3", "failed to parse the ModelInferRequest"),
 ])
@@ -299,10 +300,23 @@ def test_malformed_grpc_calls_get_a_status_and_the_server_goes_on(server, client
     _assert_add_sub(clients["grpc"])
 
 
+@pytest.mark.parametrize("method", ["SystemSharedMemoryRegister", "RepositoryModelLoad",
+                                    "ModelMetadata"])
+def test_a_message_that_does_not_parse_is_the_clients_mistake(server, clients, method):
+    answer = _raw_call(server, _framed(b"\xff\xff\xff"),
+                       path=f"/inference.GRPCInferenceService/{method}")
+    assert answer.get("grpc-status") == "3", answer  # INVALID_ARGUMENT (Triton: INTERNAL)
+    assert "cannot parse the request message" in urllib.parse.unquote(answer["grpc-message"])
+    _assert_add_sub(clients["grpc"])
+
+
 def test_refused_calls_give_their_flow_control_credit_back(server, clients):
     """80 MiB of messages that are refused unread, on one connection: more than its 64 MiB
     window, so credit kept for them would stall the connection before the last call."""
-    refused = _framed(b"\0" * (1 << 20)) * 2  # two messages for a unary call
+    # Two messages for a unary call, each one unknown field of 1 MiB (a ModelInferRequest
+    # could hold that; zeros could not, and would be refused before their end).
+    field = b"\x7a" + bytes([0x80, 0x80, 0x40]) + b"\0" * (1 << 20)
+    refused = _framed(field) * 2
     answers = _raw_calls(server, [refused] * 40 + [_framed(b"\xff")])
     assert [a.get("grpc-status") for a in answers] == ["12"] * 40 + ["3"]
     _assert_add_sub(clients["grpc"])

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -198,6 +199,22 @@ def test_loading_an_unknown_model_fails_as_in_triton(explicit, protocol):
         client.load_model("no_such_model")
     assert "failed to load 'no_such_model', failed to poll from model repository" in info.value.message()
     assert info.value.status() in ("500", "StatusCode.INTERNAL")
+
+
+@pytest.mark.parametrize("name", ["../../etc", "..", "a/b", "x\0y"])
+def test_a_name_that_is_no_model_directory_is_the_clients_mistake(explicit, name):
+    """Triton answers 503 for a load of a traversal name; nothing outside the repository is
+    looked at, over either protocol, and the answer is 400 / INVALID_ARGUMENT."""
+    server, _, http, grpc = explicit
+    quoted = urllib.parse.quote(name, safe="")
+    for action in ("load", "unload"):
+        status, body = post(server, f"/v2/repository/models/{quoted}/{action}", {})
+        assert status == 400 and "invalid model name" in body["error"], (action, body)
+    for call in (grpc.load_model, grpc.unload_model):
+        with pytest.raises(InferenceServerException) as info:
+            call(name)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "invalid model name" in info.value.message()
 
 
 def test_config_override_replaces_config_pbtxt(explicit):

@@ -135,8 +135,15 @@ def test_limits_have_protective_defaults():
     assert opts.grpc_max_message_size == 2**31 - 1  # Triton's
     assert opts.max_tensor_byte_size == 2**31
     assert opts.max_inflight_per_connection == 64
-    assert opts.max_open_streams == 1024
+    assert opts.max_open_streams == 16384
+    assert opts.max_open_streams_per_connection == 256
     assert opts.max_queue_size_default == 1024
+    assert opts.grpc_max_connections == 10000
+    assert opts.grpc_max_connection_idle_ms == 300_000
+    assert opts.grpc_max_decompressed_size == 64 * 1024 * 1024
+    # gRPC's ping policy, as Triton sets it
+    assert opts.grpc_http2_min_recv_ping_interval_without_data_ms == 300_000
+    assert opts.grpc_http2_max_ping_strikes == 2
 
 
 def test_limits_are_flags():
@@ -148,6 +155,15 @@ def test_limits_are_flags():
             opts.max_tensor_byte_size) == (1000, 2000, 3000)
     assert (opts.max_inflight_per_connection, opts.max_open_streams,
             opts.max_queue_size_default) == (4, 5, 0)
+    opts, _ = parse_options(["--model-repository=/r", "--grpc-max-connections=0",
+                             "--grpc-max-connection-idle=1000", "--grpc-max-decompressed-size=7",
+                             "--max-open-streams-per-connection=3",
+                             "--grpc-http2-min-recv-ping-interval-without-data=10",
+                             "--grpc-http2-max-ping-strikes=0"])
+    assert (opts.grpc_max_connections, opts.grpc_max_connection_idle_ms,
+            opts.grpc_max_decompressed_size, opts.max_open_streams_per_connection,
+            opts.grpc_http2_min_recv_ping_interval_without_data_ms,
+            opts.grpc_http2_max_ping_strikes) == (0, 1000, 7, 3, 10, 0)
 
 
 @pytest.mark.parametrize("flag,fragment", [
@@ -168,7 +184,7 @@ def test_triton_tuning_flags_are_accepted_even_repeated(tmp_path):
             "--backend-config=python,stub-timeout-seconds=30",
             "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
             "--min-supported-compute-capability=6.0", "--http-thread-count=8",
-            "--grpc-http2-max-ping-strikes=0", "--reuse-grpc-port=true"]
+            "--grpc-http2-max-pings-without-data=0", "--reuse-grpc-port=true"]
     options, args = parse_options(argv)
     assert args.backend_config == ["python,shm-default-byte-size=16777216",
                                    "python,stub-timeout-seconds=30"]

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import time
 import urllib.parse
 import zlib
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from shmserve.grpc import transport
 from shmserve.grpc.transport import GrpcServer, Method, _percent_encode, _timeout_seconds
+from tests.unit.bounds import peak_allocation
 
 
 @pytest.mark.parametrize("value, seconds", [
@@ -53,9 +55,19 @@ class _Socket(asyncio.Transport):
         super().__init__()
         self.out = bytearray()
         self.closed = False
+        self.reading = True
 
     def write(self, data) -> None:
         self.out += data
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
     def is_closing(self) -> bool:
         return self.closed
@@ -73,14 +85,16 @@ async def _echo_stream(requests, call):
         yield bytes(request)
 
 
-def _exchange(streams: list, junk: bytes = b"", response_compression: str = "none") -> tuple:
+def _exchange(streams: list, junk: bytes = b"", max_message_size: int = 1 << 16,
+              ended: list | None = None, **options) -> tuple:
     """Sends `streams` ([(path, headers, body)]) on one connection, then `junk`; returns
     ({stream id: response headers and trailers, and "data": the DATA it got}, whether the
-    server closed)."""
+    server closed). `ended`: gets the stream ids in the order their answers ended;
+    `options`: the GrpcServer's."""
     async def main():
         server = GrpcServer({ECHO: Method(_echo, None, bytes, False),
-                             STREAM: Method(_echo_stream, None, bytes, True)}, 1 << 16,
-                            response_compression=response_compression)
+                             STREAM: Method(_echo_stream, None, bytes, True)},
+                            max_message_size, **options)
         sock = _Socket()
         conn = transport._Connection(server)
         conn.connection_made(sock)
@@ -112,6 +126,8 @@ def _exchange(streams: list, junk: bytes = b"", response_compression: str = "non
                         answers[event.stream_id].update(event.headers)
                     elif isinstance(event, h2.events.DataReceived):
                         answers[event.stream_id]["data"] += event.data
+                    elif isinstance(event, h2.events.StreamEnded) and ended is not None:
+                        ended.append(event.stream_id)
             if sock.closed:
                 break
         conn.connection_lost(None)
@@ -458,3 +474,353 @@ def test_an_answer_the_worker_did_not_write_is_answered_here():
     assert loans == [False, True, True]
     assert seen[1:] == [("answer", 3, _grpc_message(b"w|unwritten"), "0"),
                         ("answer", 5, _grpc_message(b"w|now"), "0")]
+
+
+# -- what one client may hold (perf/hostile.py runs the same against the real server) ----------
+
+def _gzip(data_size: int) -> bytes:
+    packer = zlib.compressobj(wbits=31)
+    chunk = b"\0" * (1 << 20)
+    return b"".join(packer.compress(chunk) for _ in range(data_size >> 20)) + packer.flush()
+
+
+def _compressed(message: bytes) -> bytes:
+    return b"\1" + len(message).to_bytes(4, "big") + message
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (_compressed(b"not gzip"), "cannot decompress"),
+    (_compressed(zlib.compress(b"x" * 100, wbits=31)[:-10]), "truncated"),
+])
+def test_a_message_that_does_not_inflate_is_the_clients_mistake(body, fragment):
+    answers, _ = _exchange([(ECHO, [("grpc-encoding", "gzip")], body)])
+    (answer,) = answers.values()
+    assert answer["grpc-status"] == str(transport.INVALID_ARGUMENT)
+    assert fragment in urllib.parse.unquote(answer["grpc-message"])
+
+
+def test_a_long_status_message_is_cut():
+    encoded = _percent_encode("Request for unknown model: '" + "m" * 4_000_000 + "'")
+    assert len(encoded) == transport.MAX_STATUS_MESSAGE_BYTES + 3 and encoded.endswith(b"...")
+    encoded = _percent_encode("✓" * 5000)  # cut between characters, then encoded
+    assert urllib.parse.unquote(encoded.decode()) == "✓" * 341 + "..."
+
+
+class _Client:
+    """An h2 client on an in-process connection (over _Socket), frames pumped by hand."""
+
+    def __init__(self, server, sock=None):
+        self.sock = sock or _Socket()
+        self.conn = transport._Connection(server)
+        self.conn.connection_made(self.sock)
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                       header_encoding="utf-8"))
+        self.h2.initiate_connection()
+        self.events: list = []
+        self.pump()
+
+    def open(self, path: str = ECHO, headers=()) -> int:
+        sid = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                   (":authority", "x"), ("content-type", "application/grpc"),
+                                   *headers])
+        return sid
+
+    async def send(self, sid: int, body: bytes) -> None:
+        """`body`, as the windows let it go, then the end of the stream."""
+        view = memoryview(body)
+        while view:
+            room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size,
+                       len(view))
+            if not room:
+                await self.settle()
+                continue
+            self.h2.send_data(sid, view[:room].tobytes())
+            view = view[room:]
+            self.pump()
+        self.h2.end_stream(sid)
+        self.pump()
+
+    def ended(self) -> list:
+        """The streams whose answers ended, in order."""
+        return [e.stream_id for e in self.events if isinstance(e, h2.events.StreamEnded)]
+
+    def pump(self) -> None:
+        """Client to server, then what the server wrote back to the client."""
+        data = self.h2.data_to_send()
+        if data:
+            self.conn.data_received(data)
+        self.conn.flush()
+        if self.sock.out:
+            data, self.sock.out[:] = bytes(self.sock.out), b""
+            self.events += self.h2.receive_data(data)
+
+    async def settle(self) -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+            self.pump()
+
+    def status(self, sid: int) -> str | None:
+        for event in self.events:
+            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)) \
+                    and event.stream_id == sid:
+                headers = dict(event.headers)
+                if "grpc-status" in headers:
+                    return headers["grpc-status"]
+        return None
+
+
+async def _stay(request, call):
+    await asyncio.Event().wait()
+
+
+def _bomb_exchange(bomb: bytes, limits: transport.ConnectionLimits) -> tuple:
+    """(status, message) of an echo call sent `bomb`, gzip-compressed."""
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 30, limits=limits)
+        client = _Client(server)
+        sid = client.open(ECHO, [("grpc-encoding", "gzip")])
+        await client.send(sid, _compressed(bomb))
+        await client.settle()
+        message = next((dict(e.headers).get("grpc-message", "") for e in client.events
+                        if isinstance(e, h2.events.TrailersReceived)
+                        or isinstance(e, h2.events.ResponseReceived)
+                        and "grpc-status" in dict(e.headers)), "")
+        client.conn.connection_lost(None)
+        return client.status(sid), urllib.parse.unquote(message)
+    return asyncio.run(main())
+
+
+def test_a_decompression_bomb_is_refused_past_the_limit_without_being_inflated_whole():
+    bomb = _gzip(64 << 20)  # 64 MiB of zeros in 64 KiB
+    limits = transport.ConnectionLimits(max_decompressed_size=1 << 20)
+    status, message = _bomb_exchange(bomb, limits)
+    assert status == str(transport.RESOURCE_EXHAUSTED)
+    assert "--grpc-max-decompressed-size" in message
+    # Inflated a slice at a time, and no further than the limit (and a slice): a few MiB
+    # of the 64.
+    assert peak_allocation(_bomb_exchange, bomb, limits) < 8 << 20
+
+
+async def _length(request, call):
+    return b"%d" % len(request)
+
+
+def test_a_message_is_inflated_in_slices_while_other_calls_are_served():
+    async def main():
+        server = GrpcServer({ECHO: Method(_length, None, bytes, False)}, 1 << 30)
+        client = _Client(server)
+        big = client.open(ECHO, [("grpc-encoding", "gzip")])
+        await client.send(big, _compressed(_gzip(16 << 20)))
+        small = client.open(ECHO)
+        await client.send(small, b"\0\0\0\0\2hi")
+        for _ in range(10):
+            await client.settle()
+        assert [client.status(big), client.status(small)] == ["0", "0"]
+        assert client.ended() == [small, big]  # the small call, sent after, was answered first
+        answers = {e.stream_id: e.data[5:] for e in client.events
+                   if isinstance(e, h2.events.DataReceived)}
+        assert answers == {big: b"%d" % (16 << 20), small: b"2"}
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_unfinished_messages_wait_their_turn_for_the_connections_room(monkeypatch):
+    """8 calls each announcing a message of 2 GiB: one is given a window as large as it can
+    take, the others wait at STREAM_WINDOW; when it ends, the next one's turn comes."""
+    monkeypatch.setattr(transport, "MESSAGE_WINDOW", 1 << 20)
+
+    async def main():
+        server = GrpcServer({ECHO: Method(_stay, None, bytes, False)}, 2**31 - 1)
+        client = _Client(server)
+        sids = [client.open() for _ in range(8)]
+        for sid in sids:
+            client.h2.send_data(sid, b"\0" + (2**31 - 1).to_bytes(4, "big"))
+        client.pump()
+        for _ in range(60):  # as much as the windows let the client send
+            for sid in sids:
+                room = min(client.h2.local_flow_control_window(sid), 16384)
+                if room:
+                    client.h2.send_data(sid, b"\7" * room)
+            client.pump()
+        calls = client.conn.calls
+        buffered = {sid: calls[sid].incoming.received() if calls[sid].incoming
+                    else len(calls[sid].buffer) for sid in sids}
+        assert buffered[1] > 8 * 65535  # the first one keeps going...
+        assert all(buffered[sid] == transport.STREAM_WINDOW for sid in sids[1:])  # ...alone
+        assert client.conn._reserved == 5 + 2**31 - 1
+        client.h2.reset_stream(1)  # the client gives up on it: the next one's turn
+        client.pump()
+        await client.settle()
+        assert client.h2.local_flow_control_window(3) > 65535
+        assert client.conn._reserved == 5 + 2**31 - 1 and calls[3].reserved
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_garbage_announced_as_a_long_message_is_refused_before_its_end():
+    async def main():
+        from shmserve.grpc import codec
+        server = GrpcServer({ECHO: Method(_stay, None, bytes, False,
+                                          codec.check_partial_request)}, 2**31 - 1)
+        client = _Client(server)
+        sid = client.open()
+        client.h2.send_data(sid, b"\0" + (1 << 30).to_bytes(4, "big"))
+        sent = 0
+        while client.status(sid) is None and sent < (1 << 21):
+            room = min(client.h2.local_flow_control_window(sid), 16384)
+            client.h2.send_data(sid, b"\0" * room)
+            sent += room
+            client.pump()
+        assert client.status(sid) == str(transport.INVALID_ARGUMENT)
+        assert sent <= transport.STREAM_WINDOW  # its window never grew
+        assert client.conn._reserved == 0
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_streaming_calls_per_connection_are_bounded():
+    async def main():
+        limits = transport.ConnectionLimits(max_streaming_calls=2)
+        server = GrpcServer({STREAM: Method(_echo_stream, None, bytes, True)}, 1 << 16,
+                            limits=limits)
+        first, other = _Client(server), _Client(server)
+        sids = [first.open(STREAM) for _ in range(3)]
+        first.pump()
+        await first.settle()
+        assert [first.status(sid) for sid in sids] == [None, None, str(transport.UNAVAILABLE)]
+        assert "--max-open-streams-per-connection" in str(first.events)
+        other_sid = other.open(STREAM)  # another client's calls are its own
+        other.pump()
+        await other.settle()
+        assert other.status(other_sid) is None
+        first.h2.end_stream(sids[0])  # one ends: room for one more
+        await first.settle()
+        again = first.open(STREAM)
+        await first.settle()
+        assert first.status(sids[0]) == "0" and first.status(again) is None
+        for client in (first, other):
+            client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_connections_beyond_the_limit_are_sent_goaway():
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            limits=transport.ConnectionLimits(max_connections=1))
+        kept, refused = _Client(server), _Client(server)
+        assert not kept.sock.closed and refused.sock.closed
+        (goaway,) = [e for e in refused.events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert b"--grpc-max-connections" in goaway.additional_data
+        kept.conn.connection_lost(None)
+        assert _Client(server).conn in server.connections  # room again
+    asyncio.run(main())
+
+
+def test_a_connection_without_calls_is_sent_goaway_after_the_idle_time():
+    async def main():
+        server = GrpcServer({ECHO: Method(_stay, None, bytes, False)}, 1 << 16,
+                            limits=transport.ConnectionLimits(max_connection_idle=0.05))
+        idle, busy = _Client(server), _Client(server)
+        busy.open()
+        busy.pump()
+        await asyncio.sleep(0.15)
+        idle.pump()
+        (goaway,) = [e for e in idle.events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert (goaway.error_code, goaway.additional_data) == (0, b"max_idle")
+        assert idle.sock.closed and not busy.sock.closed
+        busy.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_a_connection_that_stops_inside_its_preface_is_closed():
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            handshake_timeout=0.05)
+        sock = _Socket()
+        conn = transport._Connection(server)
+        conn.connection_made(sock)
+        conn.data_received(b"P")  # one byte: not a handshake
+        await asyncio.sleep(0.15)
+        assert sock.closed
+    asyncio.run(main())
+
+
+def test_a_client_that_does_not_read_is_not_read_from():
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16)
+        client = _Client(server)
+        client.conn.pause_writing()
+        assert not client.sock.reading
+        client.conn.resume_writing()
+        assert client.sock.reading
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_what_takes_more_than_a_parse_slice_is_parsed_in_later_turns(monkeypatch):
+    from shmserve.grpc import http2
+    monkeypatch.setattr(http2, "PARSE_SLICE_S", -1.0)
+
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            limits=transport.ConnectionLimits(max_ping_strikes=0))
+        client = _Client(server)
+        for i in range(100):
+            client.h2.ping(b"%08d" % i)
+        client.conn.data_received(client.h2.data_to_send())
+        assert not client.sock.reading  # the rest waits for the next turns
+        for _ in range(5):
+            await asyncio.sleep(0)
+        client.pump()
+        acks = [e for e in client.events if isinstance(e, h2.events.PingAckReceived)]
+        assert len(acks) == 100 and client.sock.reading
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_a_connection_is_read_a_share_of_each_turn_of_the_loop():
+    async def main():
+        server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
+                            limits=transport.ConnectionLimits(max_ping_strikes=0))
+        client = _Client(server)
+        for i in range(transport.READ_PER_TURN // 17 + 1):  # PING frames are 17 bytes
+            client.h2.ping(b"%08d" % i)
+        client.conn.data_received(client.h2.data_to_send())
+        assert not client.sock.reading  # more is read in a later turn, after the others
+        for _ in range(100):  # once what was read is parsed (in 5 ms slices)
+            await asyncio.sleep(0)
+            if client.sock.reading:
+                break
+        assert client.sock.reading
+        assert not client.conn._reading_paused
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+
+
+def test_a_large_message_goes_into_a_mapping_that_is_unmapped_once_done(monkeypatch):
+    monkeypatch.setattr(transport, "LARGE_MESSAGE", 1 << 20)
+    mappings = []
+    monkeypatch.setattr(transport, "release_mapping",
+                        lambda m: (mappings.append(m), transport_release(m)))
+
+    async def main():
+        server = GrpcServer({ECHO: Method(_length, None, bytes, False)}, 1 << 30)
+        client = _Client(server)
+        sid = client.open(ECHO)
+        await client.send(sid, b"\0" + (3 << 20).to_bytes(4, "big") + b"\7" * (3 << 20))
+        await client.settle()
+        assert client.status(sid) == "0"
+        assert [e.data[5:] for e in client.events if isinstance(e, h2.events.DataReceived)] \
+            == [b"%d" % (3 << 20)]
+        client.conn.connection_lost(None)
+    asyncio.run(main())
+    assert len(mappings) == 1
+    for _ in range(50):  # the releasing thread closes it once no view is left
+        if mappings[0].closed:
+            break
+        time.sleep(0.05)
+    assert mappings[0].closed
+
+
+transport_release = transport.release_mapping

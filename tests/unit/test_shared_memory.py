@@ -55,11 +55,12 @@ def test_register_refusals(client_object):
     m = SharedMemoryManager()
     m.register_system("a", client_object, 0, 16)
     assert _code(m.register_system, "a", client_object, 0, 16) is Code.ALREADY_EXISTS
-    # Triton's status for a key it cannot open
-    assert _code(m.register_system, "x", "/shmtest_no_such_object", 0, 16) is Code.INTERNAL
+    # Triton answers INTERNAL to a key it cannot open; each is the client's mistake here.
+    assert _code(m.register_system, "x", "/shmtest_no_such_object", 0, 16) is Code.NOT_FOUND
     assert _code(m.register_system, "x", client_object, 0, 8193) is Code.INVALID_ARG
     assert _code(m.register_system, "x", client_object, 4096, 4097) is Code.INVALID_ARG
-    assert _code(m.register_system, "x", "/a/b", 0, 16) is Code.INTERNAL
+    for key in ("/a/b", "/../../etc/passwd", "", "/", "/..", "/x\0y", "/" + "k" * 300):
+        assert _code(m.register_system, "x", key, 0, 16) is Code.INVALID_ARG, key
     assert _code(m.register_system, "x", client_object, 0, 0) is Code.INVALID_ARG
     assert _code(m.register_system, "x", "triton_python_backend_shm_region_1", 0, 16) \
         is Code.INVALID_ARG
