@@ -11,43 +11,23 @@ was most of the cost (see http2.py), so both layers are ours and kept small.
 """
 
 import asyncio
-import collections
 import logging
-import mmap
 import zlib
 from dataclasses import dataclass
 from typing import Callable
 
 from shmserve import eager
 from shmserve.grpc import http2
-from shmserve.ipc.malloc import release_mapping
+from shmserve.grpc.inbound import STREAM_WINDOW, WBITS, Compressed, Inbound
+# The status codes are this module's too: the servicer names them from here.
+from shmserve.grpc.status import (ALREADY_EXISTS, CANCELLED, DEADLINE_EXCEEDED, INTERNAL,
+                                  INVALID_ARGUMENT, NOT_FOUND, OK, RESOURCE_EXHAUSTED,
+                                  UNAVAILABLE, UNIMPLEMENTED, UNKNOWN, RpcError)
 
 log = logging.getLogger("shmserve.grpc")
 
-# gRPC status codes (grpc/doc/statuscodes.md).
-OK = 0
-CANCELLED = 1
-UNKNOWN = 2
-INVALID_ARGUMENT = 3
-DEADLINE_EXCEEDED = 4
-NOT_FOUND = 5
-ALREADY_EXISTS = 6
-RESOURCE_EXHAUSTED = 8
-UNIMPLEMENTED = 12
-INTERNAL = 13
-UNAVAILABLE = 14
-
-# Flow control bounds what a connection buffers. A stream may be sent STREAM_WINDOW bytes
-# (HTTP/2's default) before its call grants more: a message being received gets a window as
-# large as what is left of it (at most MESSAGE_WINDOW at a time, so large tensors arrive
-# without waiting) once the connection has room for it, that is while the unfinished messages
-# admitted stay within MESSAGE_BUDGET, or it is alone (see _Connection._admit); other streams
-# wait their turn at STREAM_WINDOW. So a connection holds at most MAX_CONCURRENT_STREAMS x
-# STREAM_WINDOW bytes beyond the messages it admitted. The connection's own window is given
-# back as data comes (http2.py).
-STREAM_WINDOW = 65535
-MESSAGE_WINDOW = 16 * 1024 * 1024
-MESSAGE_BUDGET = 64 * 1024 * 1024
+# The connection's window, given back as data comes (http2.py): the streams' windows bound
+# what a connection buffers (inbound.py).
 CONNECTION_WINDOW = 64 * 1024 * 1024
 # A frame's bytes wait until the whole frame has come, so this bounds what a client can hold
 # unparsed (RFC 9113's default).
@@ -66,18 +46,6 @@ MAX_CONNECTIONS = 10000
 MAX_STREAMING_CALLS_PER_CONNECTION = 256
 MAX_CONNECTION_IDLE_S = 300.0
 MAX_DECOMPRESSED_SIZE = 64 * 1024 * 1024  # as tritonserver's --http-max-input-size
-# A compressed message is inflated this much at a time, the loop serving others in between.
-_INFLATE_SLICE = 1024 * 1024
-_INFLATE_INPUT = 256 * 1024
-# An unfinished message this long is looked at (Method.check_partial) before its window grows:
-# garbage ends its call at once instead of filling memory. A client always has this much of
-# STREAM_WINDOW left for a message's first bytes (_refill keeps at least half of it).
-CHECK_PARTIAL_FROM = 16 * 1024
-# A message this large is received into a mapping of its own size: its pages are faulted in as
-# its frames come, nothing is copied as it grows (a bytearray grows by eighths, and copied a
-# 2 GiB message about eight times over, holding the loop a third of a second at the last
-# steps), and it is unmapped off the loop (release_mapping) once nothing uses it.
-LARGE_MESSAGE = 64 * 1024 * 1024
 # grpc-message is cut to this many bytes (before percent-encoding): clients refuse long
 # metadata, and encoding what a client sent (a model name of megabytes) would cost the loop.
 MAX_STATUS_MESSAGE_BYTES = 1024
@@ -92,7 +60,6 @@ _OK_TRAILERS = ((b"grpc-status", b"0"),)
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
                        b"grpc-accept-encoding", b"user-agent"))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-_WBITS = {b"gzip": 31, b"deflate": 15}
 # --grpc-infer-response-compression-level. As gRPC's servers (which Triton's is) choose: of
 # the algorithms the client accepts, ranked gzip then deflate, low takes the first, medium
 # the middle one and high the last.
@@ -103,15 +70,6 @@ _ENCODED_HEADERS = {name: _RESPONSE_HEADERS + ((b"grpc-encoding", name),) for na
 SENT = object()
 
 
-class RpcError(Exception):
-    """Ends a call with a gRPC status; raised by handlers and by this layer."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 @dataclass(frozen=True)
 class Method:
     """A handler: unary ones are `async fn(request, call) -> response`; streaming ones (both
@@ -119,7 +77,7 @@ class Method:
     (bytes-like) into the request, or is None for a handler that takes the message as it is;
     `serialize` turns a response into bytes. `check_partial(head, length)`: what is wrong
     with a message of `length` bytes whose first bytes are `head` (None: nothing yet), asked
-    once of a message still arriving past CHECK_PARTIAL_FROM bytes."""
+    once of a message still arriving past inbound.CHECK_PARTIAL_FROM bytes."""
 
     handler: Callable
     deserialize: Callable | None
@@ -143,45 +101,6 @@ class ConnectionLimits:
     max_ping_strikes: int = http2.MAX_PING_STRIKES
 
 
-class _Incoming:
-    """A large message being received (LARGE_MESSAGE), straight into its own mapping."""
-
-    __slots__ = ("store", "size")
-
-    def __init__(self, size: int, first):
-        self.store = mmap.mmap(-1, size)
-        self.size = size
-        self.store.write(first)
-
-    def fill(self, data) -> int:
-        """Takes what of `data` belongs to the message: how much that is."""
-        taken = min(len(data), self.size - self.store.tell())
-        self.store.write(data if taken == len(data) else memoryview(data)[:taken])
-        return taken
-
-    def full(self) -> bool:
-        return self.store.tell() == self.size
-
-    def received(self) -> int:
-        return self.store.tell()
-
-    def message(self):
-        """The message (past its 5-byte prefix), as a view; the mapping goes once no view of
-        it is left."""
-        view = memoryview(self.store)[5:]
-        release_mapping(self.store)
-        return view
-
-
-class _Compressed:
-    """A message as it came, compressed: it is inflated when its handler takes it."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data):
-        self.data = data
-
-
 class _Call:
     """One RPC: what its handler sees as `context`, and as the request iterator of a
     streaming method."""
@@ -199,8 +118,10 @@ class _Call:
         self.headers = headers
         self.encoding = encoding  # of the client's messages
         self.response_encoding = response_encoding  # of ours, None: not compressed
+        # Its messages coming in (inbound.Inbound's): bytes of the next one, whole ones not
+        # taken yet, and how the connection's flow control stands with them.
         self.buffer = bytearray()
-        self.messages: list = []  # complete messages the handler has not taken yet
+        self.messages: list = []
         self.remote_ended = False
         self.waiter: asyncio.Future | None = None
         self.task: asyncio.Task | None = None
@@ -209,10 +130,10 @@ class _Call:
         self.headers_sent = False
         self.finished = False
         self.lent = 0  # the DATA size of its answer while another writer has it, else 0
-        self.reserved = 0  # the size of the unfinished message the connection admitted
-        self.queued = False  # its unfinished message waits for room (_Connection._waiting)
-        self.checked = False  # its unfinished message was looked at (check_partial)
-        self.incoming: _Incoming | None = None  # a large message being received
+        self.reserved = 0  # the size of the unfinished message admitted
+        self.queued = False  # its unfinished message waits for room
+        self.checked = False  # its unfinished message's start was looked at
+        self.incoming = None  # a large message being received
 
     # The handler's context.
     def invocation_metadata(self) -> tuple:
@@ -232,9 +153,9 @@ class _Call:
                 await self.waiter
             finally:
                 self.waiter = None
-        if type(self.messages[0]) is _Compressed:
+        if type(self.messages[0]) is Compressed:
             try:
-                await self.conn.inflate_first(self)
+                await self.conn.inbound.inflate_first(self)
             except RpcError as exc:  # the call ends with it, not only the iteration
                 self.conn._fail(self, exc.code, exc.message)
                 raise StopAsyncIteration from None
@@ -288,8 +209,7 @@ class _Connection(asyncio.Protocol):
         self.memo = None  # the servicer's, per connection (its prepared answers)
         self._reading_paused = 0  # why reading is paused: _WRITES_PAUSED, _PARSING, _TURN
         self._turn_bytes = 0  # read since reading was last paused for a turn
-        self._reserved = 0  # bytes of the unfinished messages admitted (_admit)
-        self._waiting: collections.deque = collections.deque()  # calls waiting for room
+        self.inbound: Inbound | None = None  # the messages its clients send
         self.streaming_calls = 0
         self._idle: asyncio.TimerHandle | None = None  # --grpc-max-connection-idle
         self._idle_since = 0.0  # when the last call ended
@@ -309,6 +229,8 @@ class _Connection(asyncio.Protocol):
             max_header_list_size=MAX_HEADER_LIST_SIZE, ping_interval=limits.ping_interval,
             max_ping_strikes=limits.max_ping_strikes,
             pings_without_calls=server.keepalive_without_calls, clock=loop.time)
+        self.inbound = Inbound(self.http2, server.max_message_size, limits.max_decompressed_size,
+                               self._fail, self.flush_soon)
         if limits.max_connections and len(server.connections) >= limits.max_connections:
             self.http2.close_connection(http2.NO_ERROR, (
                 f"the server has {len(server.connections)} gRPC connections, the most it "
@@ -512,7 +434,7 @@ class _Connection(asyncio.Protocol):
             return
         if encoding == b"identity":
             encoding = None
-        if encoding is not None and encoding not in _WBITS:
+        if encoding is not None and encoding not in WBITS:
             self._refuse(sid, UNIMPLEMENTED, "Compression algorithm "
                                              f"'{encoding.decode('latin-1')}' not supported")
             return
@@ -544,164 +466,15 @@ class _Connection(asyncio.Protocol):
 
     def on_data(self, sid: int, data, size: int) -> None:
         call = self.calls.get(sid)
-        if call is None or call.finished:
-            return
-        incoming = call.incoming
-        if incoming is not None:
-            taken = incoming.fill(data)
-            if not incoming.full():
-                self._refill(call)
-                return
-            call.incoming = None
-            self._release(call)
-            compressed = incoming.store[0]
-            message = incoming.message()
-            call.messages.append(_Compressed(message) if compressed else message)
-            call.wake()
-            data = memoryview(data)[taken:]
-        buffer = call.buffer
-        buffer += data
-        limit = self.server.max_message_size
-        while len(buffer) >= 5:
-            length = int.from_bytes(buffer[1:5], "big")
-            if length > limit:
-                self._fail(call, RESOURCE_EXHAUSTED,
-                           f"Received message larger than max ({length} vs. {limit})")
-                return
-            end = 5 + length
-            if len(buffer) < end:
-                break
-            compressed = buffer[0]
-            if len(buffer) == end:
-                # The usual case: the buffer is one message, handed on without a copy.
-                message = memoryview(buffer)[5:]
-                buffer = call.buffer = bytearray()
-            else:
-                with memoryview(buffer) as view:
-                    message = bytes(view[5:end])
-                del buffer[:end]
-            if call.reserved:
-                self._release(call)
-            call.messages.append(_Compressed(message) if compressed else message)
-            call.wake()
-        if call.method.streaming:
-            if not call.messages:
-                self._refill(call)
-        elif call.messages and (buffer or len(call.messages) > 1):
-            self._fail(call, UNIMPLEMENTED, "a unary call takes exactly one request message")
-        else:
-            # A unary call's message does not wait to be taken: the client may go on (with
-            # the end of its stream; anything more is refused above).
-            self._refill(call)
-
-    # Flow control: what a connection holds of the messages its client sends.
-    def _refill(self, call: _Call) -> None:
-        """Grows `call`'s stream window as far as the call can take what comes, once it has
-        taken every message that came: to the rest of the message being received when the
-        connection has room for it (_admit), else (between messages) to STREAM_WINDOW."""
-        if call.remote_ended or call.finished:
-            return
-        if call.incoming is not None:
-            self.http2.ensure_window(call.stream_id, min(
-                call.incoming.size - call.incoming.received(), MESSAGE_WINDOW))
-            return
-        buffer = call.buffer
-        if len(buffer) < 5:
-            self.http2.ensure_window(call.stream_id, STREAM_WINDOW)
-            return
-        length = int.from_bytes(buffer[1:5], "big")
-        check = call.method.check_partial
-        if not call.checked and check is not None and not buffer[0]:  # not compressed
-            if len(buffer) < CHECK_PARTIAL_FROM:
-                return  # its first bytes are looked at before the window grows
-            call.checked = True
-            error = check(bytes(buffer[5:]), length)
-            if error is not None:
-                self._fail(call, INVALID_ARGUMENT, error)
-                return
-        if call.reserved or self._admit(call, 5 + length):
-            if 5 + length >= LARGE_MESSAGE:
-                call.incoming = _Incoming(5 + length, buffer)
-                call.buffer = bytearray()
-            self.http2.ensure_window(call.stream_id, min(5 + length - len(buffer),
-                                                         MESSAGE_WINDOW))
-
-    def _admit(self, call: _Call, size: int) -> bool:
-        """Room for an unfinished message of `size` bytes: the messages admitted stay within
-        MESSAGE_BUDGET, but for a larger one admitted alone. Calls are admitted in the order
-        they asked; one that must wait is queued, and its client stops at STREAM_WINDOW."""
-        waiting = self._waiting
-        if (waiting and waiting[0] is not call) or (
-                self._reserved and self._reserved + size > MESSAGE_BUDGET):
-            if not call.queued:
-                call.queued = True
-                waiting.append(call)
-            return False
-        if call.queued:
-            waiting.popleft()
-            call.queued = False
-        call.reserved = size
-        self._reserved += size
-        return True
-
-    def _release(self, call: _Call) -> None:
-        """`call`'s admitted message is complete (or the call is over): the calls waiting
-        may fit now."""
-        self._reserved -= call.reserved
-        call.reserved = 0
-        waiting = self._waiting
-        while waiting:
-            head = waiting[0]
-            self._refill(head)
-            if head.queued:  # still waiting (or it failed: _forget took it out)
-                break
-        self.flush_soon()
-
-    async def inflate_first(self, call: _Call) -> None:
-        """The first of `call`'s messages, inflated in slices (the loop serves others in
-        between) and no further than --grpc-max-decompressed-size (and the message size
-        limit)."""
-        data = call.messages[0].data
-        if call.encoding is None:
-            raise RpcError(INVALID_ARGUMENT, "a compressed message without grpc-encoding")
-        limit = min(self.server.max_message_size, self.server.limits.max_decompressed_size)
-        inflater = zlib.decompressobj(_WBITS[call.encoding])
-        out = bytearray()
-        view = memoryview(data)
-        first = True
-        for start in range(0, len(view), _INFLATE_INPUT):
-            pending = view[start:start + _INFLATE_INPUT]
-            while True:
-                if not first:
-                    await asyncio.sleep(0)
-                    if call.finished:
-                        raise asyncio.CancelledError
-                first = False
-                try:
-                    chunk = inflater.decompress(pending, _INFLATE_SLICE)
-                except zlib.error as exc:
-                    raise RpcError(INVALID_ARGUMENT,
-                                   f"cannot decompress the message: {exc}") from None
-                out += chunk
-                if len(out) > limit:
-                    raise RpcError(RESOURCE_EXHAUSTED,
-                                   f"Received message larger than max (more than {limit} "
-                                   f"bytes decompressed; --grpc-max-decompressed-size)")
-                pending = inflater.unconsumed_tail
-                if inflater.eof or (not pending and len(chunk) < _INFLATE_SLICE):
-                    break
-            if inflater.eof:
-                break
-        if not inflater.eof:
-            raise RpcError(INVALID_ARGUMENT, "cannot decompress the message: it is truncated")
-        call.messages[0] = out
+        if call is not None and not call.finished:
+            self.inbound.data(call, data)
 
     def take(self, call: _Call):
         """The next message of `call` (inflated already), deserialized; its stream's window
-        grows again once no message waits (_refill)."""
+        grows again once no message waits (Inbound.refill)."""
         message = call.messages.pop(0)
         if not call.messages and not call.remote_ended:
-            self._refill(call)
+            self.inbound.refill(call)
             if self.http2.has_output():
                 self.flush_soon()
         deserialize = call.method.deserialize
@@ -844,8 +617,8 @@ class _Connection(asyncio.Protocol):
             self._fail(call, UNKNOWN, "Unexpected error in the RPC handler")
 
     async def _unary(self, call: _Call) -> None:
-        if type(call.messages[0]) is _Compressed:
-            await self.inflate_first(call)
+        if type(call.messages[0]) is Compressed:
+            await self.inbound.inflate_first(call)
         response = await call.method.handler(self.take(call), call)
         if response is not SENT:
             await self._send_message(call, call.method.serialize(response))
@@ -981,14 +754,7 @@ class _Connection(asyncio.Protocol):
     def _forget(self, call: _Call) -> None:
         if self.calls.pop(call.stream_id, None) is not None and call.method.streaming:
             self.streaming_calls -= 1
-        if call.queued:
-            call.queued = False
-            self._waiting.remove(call)
-        if call.incoming is not None:
-            release_mapping(call.incoming.store)
-            call.incoming = None
-        if call.reserved:
-            self._release(call)
+        self.inbound.forget(call)
         if call.deadline is not None:
             call.deadline.cancel()
             call.deadline = None
@@ -1081,7 +847,7 @@ def response_encoding(level: int, accepted: bytes) -> bytes | None:
 
 
 def _compress(data, encoding: bytes) -> bytes:
-    packer = zlib.compressobj(wbits=_WBITS[encoding])
+    packer = zlib.compressobj(wbits=WBITS[encoding])
     return packer.compress(data) + packer.flush()
 
 

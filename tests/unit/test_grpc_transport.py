@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmserve.grpc import transport
+from shmserve.grpc import inbound, transport
 from shmserve.grpc.transport import GrpcServer, Method, _percent_encode, _timeout_seconds
 from tests.unit.bounds import peak_allocation
 
@@ -628,7 +628,7 @@ def test_a_message_is_inflated_in_slices_while_other_calls_are_served():
 def test_unfinished_messages_wait_their_turn_for_the_connections_room(monkeypatch):
     """8 calls each announcing a message of 2 GiB: one is given a window as large as it can
     take, the others wait at STREAM_WINDOW; when it ends, the next one's turn comes."""
-    monkeypatch.setattr(transport, "MESSAGE_WINDOW", 1 << 20)
+    monkeypatch.setattr(inbound, "MESSAGE_WINDOW", 1 << 20)
 
     async def main():
         server = GrpcServer({ECHO: Method(_stay, None, bytes, False)}, 2**31 - 1)
@@ -647,13 +647,13 @@ def test_unfinished_messages_wait_their_turn_for_the_connections_room(monkeypatc
         buffered = {sid: calls[sid].incoming.received() if calls[sid].incoming
                     else len(calls[sid].buffer) for sid in sids}
         assert buffered[1] > 8 * 65535  # the first one keeps going...
-        assert all(buffered[sid] == transport.STREAM_WINDOW for sid in sids[1:])  # ...alone
-        assert client.conn._reserved == 5 + 2**31 - 1
+        assert all(buffered[sid] == inbound.STREAM_WINDOW for sid in sids[1:])  # ...alone
+        assert client.conn.inbound.reserved == 5 + 2**31 - 1
         client.h2.reset_stream(1)  # the client gives up on it: the next one's turn
         client.pump()
         await client.settle()
         assert client.h2.local_flow_control_window(3) > 65535
-        assert client.conn._reserved == 5 + 2**31 - 1 and calls[3].reserved
+        assert client.conn.inbound.reserved == 5 + 2**31 - 1 and calls[3].reserved
         client.conn.connection_lost(None)
     asyncio.run(main())
 
@@ -673,8 +673,8 @@ def test_garbage_announced_as_a_long_message_is_refused_before_its_end():
             sent += room
             client.pump()
         assert client.status(sid) == str(transport.INVALID_ARGUMENT)
-        assert sent <= transport.STREAM_WINDOW  # its window never grew
-        assert client.conn._reserved == 0
+        assert sent <= inbound.STREAM_WINDOW  # its window never grew
+        assert client.conn.inbound.reserved == 0
         client.conn.connection_lost(None)
     asyncio.run(main())
 
@@ -799,10 +799,10 @@ def test_a_connection_is_read_a_share_of_each_turn_of_the_loop():
 
 
 def test_a_large_message_goes_into_a_mapping_that_is_unmapped_once_done(monkeypatch):
-    monkeypatch.setattr(transport, "LARGE_MESSAGE", 1 << 20)
+    monkeypatch.setattr(inbound, "LARGE_MESSAGE", 1 << 20)
     mappings = []
-    monkeypatch.setattr(transport, "release_mapping",
-                        lambda m: (mappings.append(m), transport_release(m)))
+    release = inbound.release_mapping
+    monkeypatch.setattr(inbound, "release_mapping", lambda m: (mappings.append(m), release(m)))
 
     async def main():
         server = GrpcServer({ECHO: Method(_length, None, bytes, False)}, 1 << 30)
@@ -821,6 +821,3 @@ def test_a_large_message_goes_into_a_mapping_that_is_unmapped_once_done(monkeypa
             break
         time.sleep(0.05)
     assert mappings[0].closed
-
-
-transport_release = transport.release_mapping
