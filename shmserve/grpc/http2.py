@@ -377,8 +377,8 @@ class ServerConnection:
         counts 32 more); with HPACK's table out of step, the connection ends (RFC 9113
         §4.3)."""
         if size > self._max_header_list_size:
-            raise Http2Error(COMPRESSION_ERROR, f"a header block of over {size} bytes, more "
-                                                f"than the {self._max_header_list_size} "
+            raise Http2Error(COMPRESSION_ERROR, f"a header block longer than the "
+                                                f"{self._max_header_list_size} bytes "
                                                 f"advertised (SETTINGS_MAX_HEADER_LIST_SIZE)")
 
     def _on_continuation(self, flags: int, sid: int, payload) -> None:
