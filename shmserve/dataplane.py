@@ -118,8 +118,14 @@ class DataPlane:
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         """Loaded, every instance running, and the model's own `is_ready()` agrees where it
-        has one (asked of each instance; one that does not answer in time is not ready)."""
-        mv = self.registry.find(name, version)
+        has one (asked of each instance; one that does not answer in time is not ready). A
+        model or version the server does not know is not ready, as in Triton: no error."""
+        try:
+            mv = self.registry.find(name, version)
+        except ServerError as exc:
+            if exc.code is Code.NOT_FOUND:
+                return False
+            raise  # a version that is not a number
         if mv is None or not mv.healthy:
             return False
         checks = [inst.model_is_ready() for inst in mv.pool.instances

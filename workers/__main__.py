@@ -67,6 +67,10 @@ def main(argv: list) -> int:
     from shmserve.ipc.priority import restore_worker_nice
     restore_worker_nice()
     fd = int(argv[1])
+    spin_us = int(argv[2]) if len(argv) > 2 else None
+    # Models see the command line Triton's stub gives them, one empty argument: a model that
+    # runs unittest.main() or argparse reads it.
+    sys.argv[:] = [""]
     # The front owns shutdown; a Ctrl-C in the terminal must not kill workers mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _log_to_front()
@@ -81,7 +85,8 @@ def main(argv: list) -> int:
 
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
-    spin_us = int(argv[2]) if len(argv) > 2 else DEFAULT_SPIN_US
+    if spin_us is None:
+        spin_us = DEFAULT_SPIN_US
     spin = IdleSpin(spin_us) if spin_us else None
     channel = SyncChannel(socket.socket(fileno=fd), spin=spin)
     init = channel.recv()
@@ -145,7 +150,7 @@ def main(argv: list) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv)
+    code = main(list(sys.argv))
     sys.stdout.flush()
     sys.stderr.flush()
     # A model may have started non-daemon threads; they must not keep a finished worker

@@ -1,6 +1,7 @@
 """Health, metadata, readiness and configuration, over HTTP and gRPC, through tritonclient."""
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -64,6 +65,19 @@ def test_model_ready(http, grpc):
     assert grpc.is_model_ready("add_sub")
     assert not http.is_model_ready("bad_config")
     assert not grpc.is_model_ready("bad_config")
+
+
+@pytest.mark.parametrize("name, version", [("no_such_model", ""), ("add_sub", "7")])
+def test_an_unknown_model_or_version_is_not_ready_rather_than_an_error(server, grpc, name,
+                                                                      version):
+    """As Triton: gRPC answers OK with ready false (tritonclient's is_model_ready would raise on
+    an error), HTTP 400 "Model version not ready"."""
+    assert grpc.is_model_ready(name, version) is False
+    path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "") + "/ready"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{server.http_url}{path}", timeout=10)
+    assert e.value.code == 400
+    assert json.loads(e.value.read()) == {"error": "Model version not ready"}
 
 
 def test_model_config_rendered_as_triton(server, http, grpc):
