@@ -84,6 +84,9 @@ _TYPES = {"log_info": (bool, "boolean"), "log_warning": (bool, "boolean"),
           "log_format": (str, "string")}
 
 
+_QUIET_LIBRARIES = ("hpack", "h2")
+
+
 def configure(settings: LogSettings) -> None:
     """Send every record of the process (the root logger's) to `settings.log_file`, appended,
     or to stderr; OSError if the file cannot be opened."""
@@ -99,6 +102,10 @@ def configure(settings: LogSettings) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     _handler = handler
+    # Libraries' own chatter is not the server's: --log-verbose would otherwise log a line for
+    # every header block hpack decodes.
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
     _apply(settings)
 
 

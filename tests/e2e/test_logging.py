@@ -166,6 +166,18 @@ def test_runtime_verbose_level_reaches_the_model(server, http):
     assert f"verbose {tag}" not in server.log()
 
 
+def test_verbose_logs_the_servers_records_not_its_libraries(server, http):
+    """hpack logs every header block it decodes at DEBUG: not in the server's log."""
+    http.update_log_settings({"log_verbose_level": 1})
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)  # a new connection
+        assert client.is_server_live()
+        client.close()
+    finally:
+        http.update_log_settings({"log_verbose_level": 0})
+    assert "Decoding b" not in server.log() and "hpack.py" not in server.log()
+
+
 def test_runtime_level_switches(server, http):
     http.update_log_settings({"log_warning": False, "log_info": False})
     tag = _tag("s")
