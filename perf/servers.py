@@ -266,6 +266,9 @@ class ShmServer(Server):
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port), "--http-address", "127.0.0.1",
             "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+            # Triton 2.51 allows client shared memory; shmserve, as Triton since 2.68, must be
+            # told to.
+            "--allow-client-shm=true",
             # Flags to compare, as the anchors' TRITON_EXTRA_ARGS does for Triton.
             *shlex.split(os.environ.get("SHMSERVE_EXTRA_ARGS", ""))]
         with open(self.log_path, "wb") as log:

@@ -292,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=argparse.SUPPRESS)
     for flag in ("--trace-rate", "--trace-count", "--trace-log-frequency"):
         p.add_argument(flag, default=None, metavar="N", help=argparse.SUPPRESS)
-    # Triton's default is false; shared memory is what shmserve is for, so it is on here.
-    p.add_argument("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
+    p.add_argument("--allow-client-shm", type=_bool, default=False, metavar="BOOL",
+                   help="let clients register system and CUDA shared-memory regions (default "
+                        "false, as Triton since 2.68)")
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
                    help="deprecated Triton spelling: true means --disable-auto-complete-config")

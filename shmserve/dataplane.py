@@ -67,7 +67,7 @@ class DataPlane:
                  response_cache: ResponseCache | None = None,
                  first_response_histogram: bool = False, tracer: Tracer | None = None):
         """`response_cache`: the server's (--cache-config), used by models that enable it;
-        `first_response_histogram`: time each decoupled request's first response, as Triton
+        `first_response_histogram`: time each request's first response, as Triton
         does with --metrics-config histogram_latencies=true; `tracer`: the trace settings
         (--trace-config)."""
         self.registry = registry
@@ -546,6 +546,7 @@ class DataPlane:
             raise
         except asyncio.CancelledError:
             if work.stream is None:
+                work.cancel()  # a worker that holds it tells the model
                 stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
             raise
         if work.stream is None:
@@ -561,6 +562,8 @@ class DataPlane:
                                  compute_infer_ns=timings.compute_infer_ns,
                                  compute_output_ns=timings.compute_output_ns,
                                  device=timings.gpu_uuid)
+            if self.first_response_histogram:  # the only response (Triton since 2.65)
+                stats.record_first_response(request_ns)
             if error is not None:
                 # The model answered with an error: Triton counts the request a success.
                 _log_failure(logging.WARNING, mv, work.request_id, error)
@@ -793,6 +796,9 @@ def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
             if o.name not in sig.outputs:
                 raise ReadError(Code.INVALID_ARG,
                                 f"unexpected inference output '{o.name}' for model '{name}'")
+            if o.name in requested:  # as Triton since 2.69
+                raise ServerError(Code.INVALID_ARG,
+                                  f"output '{o.name}' already exists in request")
             if o.parameters:
                 _check_classification(o, sig, name)
                 if "shared_memory_region" in o.parameters:

@@ -4,13 +4,15 @@ parameters (string values), which `request.parameters()` shows it.
 
 Names are matched case-insensitively (HTTP/1.1 header names have no case; gRPC's are lower
 case) anywhere in the name, and forwarded lower case. A header never replaces a parameter
-the request itself carries, nor sets one the server acts on (sequence_id, priority, timeout,
-...), nor a `triton_` one: a header must not change how a request is scheduled.
+the request itself carries; one that names a parameter the server acts on (sequence_id,
+priority, timeout, ...) or a `triton_` one fails the request, as in Triton since 2.69 (a
+header must not change how a request is scheduled).
 """
 
 import re
 
 from shmserve.dataplane import RESERVED_PARAMETERS
+from shmserve.errors import Code, ServerError
 from shmserve.inference import InferRequest
 
 
@@ -24,6 +26,10 @@ def forward(request: InferRequest, headers, pattern) -> None:
     params = request.parameters
     for name, value in headers:
         name = name.lower()
-        if (pattern.search(name) and name not in params and name not in RESERVED_PARAMETERS
-                and not name.startswith("triton_")):
+        if not pattern.search(name):
+            continue
+        if name in RESERVED_PARAMETERS or name.startswith("triton_"):
+            raise ServerError(Code.INVALID_ARG, f"Header '{name}' is reserved for Triton usage "
+                                                f"and cannot be forwarded.")
+        if name not in params:
             params[name] = value

@@ -118,10 +118,8 @@ class ModelMetricsCollector:
             _add_histogram(request_hist, labels, _request_buckets(s.request_buckets),
                            (s.success.ns + s.fail.ns) / 1e9)
             _add_histogram(batch_hist, labels, *_batch_buckets(s.batches))
-            if mv.config.model_transaction_policy.decoupled:
-                # Triton keeps this histogram for decoupled models only.
-                _add_histogram(first_response, labels, _first_response_buckets(s),
-                               s.first_response_ns / 1e6)
+            _add_histogram(first_response, labels, _first_response_buckets(s),
+                           s.first_response_ns / 1e6)
             if cached:
                 cached_models += 1
                 _add(cache["hits"], labels, s.cache_hit.count)

@@ -69,7 +69,7 @@ class Options:
     metrics_histogram_latencies: bool = False
     # Quantiles (and errors) of the latency summaries; none: no summaries (Triton's default).
     metrics_summary_quantiles: tuple = ()
-    allow_client_shm: bool = True
+    allow_client_shm: bool = False  # as Triton since 2.68
     # The response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     cache_size: int = 0
     trace: TraceSettings = field(default_factory=TraceSettings)  # --trace-config

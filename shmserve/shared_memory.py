@@ -138,9 +138,11 @@ class SharedMemoryManager:
                                          device_id=device_id)
 
     def unregister_system(self, name: str = "") -> None:
+        self._check_allowed()
         self._unregister(SystemRegion, name)
 
     def unregister_cuda(self, name: str = "") -> None:
+        self._check_allowed()
         self._unregister(CudaRegion, name)
 
     def system_status(self, name: str = "") -> list[dict]:
@@ -179,8 +181,9 @@ class SharedMemoryManager:
 
     def _check_allowed(self) -> None:
         if not self.allowed:
-            raise ServerError(Code.UNSUPPORTED, "shared memory support is disabled "
-                                                "(--allow-client-shm=false)")
+            raise ServerError(Code.UNSUPPORTED, "Client shared memory is disabled. Start the "
+                                                "server with '--allow-client-shm=true' to "
+                                                "enable.")
 
     def _check_name(self, name: str) -> None:
         if name in self._regions:

@@ -113,7 +113,9 @@ def _start_server(repo: str, log_path: str, *extra, wait_models, timeout) -> Run
            "--metrics-address", "127.0.0.1", "--http-port", str(ports[0]),
            "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
            # The test repository holds models that fail on purpose (bad_config, ...).
-           "--exit-on-error=false", *extra]
+           "--exit-on-error=false",
+           # As the README's serve command: zero-copy clients are what shmserve is for.
+           "--allow-client-shm=true", *extra]
     log = open(log_path, "wb")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

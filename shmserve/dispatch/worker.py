@@ -110,6 +110,16 @@ class WorkRequest:
     # the batch's Result, before it told what it wrote, unless it had marked the batch's
     # answers whole (see request_table.py): the connection may hold part of one.
     answer: object = None
+    # While a worker holds it (not a decoupled one, whose stream has its row): (the request
+    # table, its row), to mark it cancelled when its client goes away (WorkRequest.cancel).
+    held: object = None
+
+    def cancel(self) -> None:
+        """Its client went away: the model's `request.is_cancelled()` says so from now on,
+        while a worker holds it."""
+        held = self.held
+        if held is not None:
+            held[0].cancel(held[1])
 
 
 @dataclass(slots=True)
@@ -325,18 +335,22 @@ class WorkerHandle:
             block, slot = self._place_block(pieces, nbytes)
             future = self._loop.create_future()
             self._map_regions(batch)
-            plain_rows = [row for row, req in zip(rows, batch) if req.stream is None]
+            plain = []  # (row, request) of the requests without a stream
             if self._hang_timeout:
                 self._watch_for_hang()
-            self._pending[batch_id] = (future, slot, plain_rows, len(batch), lent)
+            table = self._table
             for row, req in zip(rows, batch):
                 if req.stream is not None:
                     self._streams[row] = req.stream
-                    req.stream.attach(self._table, row)
+                    req.stream.attach(table, row)
+                else:
+                    req.held = (table, row)
+                    plain.append((row, req))
+            self._pending[batch_id] = (future, slot, plain, len(batch), lent)
             lone = len(batch) == 1 and batch[0].stream is not None and batch[0].stream.lone
             self._channel.send(messages.Execute(batch_id, block, frames, lone))
             if self._front_spin is not None:
-                if len(plain_rows) < len(batch):  # it streams
+                if len(plain) < len(batch):  # it streams
                     self._front_spin.hold(future, lone)
                 else:
                     self._front_spin.watch(future)
@@ -344,9 +358,10 @@ class WorkerHandle:
             self._pending.pop(batch_id, None)
             _return_unwritten(lent)
             self._free_block(slot)
-            for row in rows:
+            for row, req in zip(rows, batch):
                 self._streams.pop(row, None)
                 self._rows.give_back(row)
+                req.held = None
             if isinstance(exc, ConnectionError):
                 self.alive = False
                 raise ServerError(Code.UNAVAILABLE, f"model instance '{self.instance_name}' is "
@@ -559,10 +574,11 @@ class WorkerHandle:
             entry = self._pending.pop(msg.batch_id, None)
             if entry is None:
                 return
-            future, slot, rows, count, lent = entry
+            future, slot, plain, count, lent = entry
             self._free_block(slot)
-            for row in rows:
+            for row, req in plain:
                 self._rows.give_back(row)
+                req.held = None
             if lent:
                 writing = []
                 for index, answer in lent:
@@ -788,7 +804,9 @@ class WorkerHandle:
                     answer.returned(b"")
                 else:
                     answer.lost()
-        for future, slot, _, _, lent in pending.values():
+        for future, slot, plain, _, lent in pending.values():
+            for _, req in plain:
+                req.held = None
             _return_unwritten(lent)  # it writes answers only after the batch's Result
             self._free_block(slot)
             if not future.done():

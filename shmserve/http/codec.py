@@ -332,12 +332,20 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
         raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
     expected = datatypes.element_count(shape)
 
-    if datatype == "BYTES":
+    if datatype == "BYTES":  # its depth is checked everywhere, while it is flattened
         elements: list[str] = []
         _flatten_strings(data, elements, name)
         _check_count(name, shape, expected, len(elements))
         return datatypes.serialize_bytes(elements)
 
+    # Triton's check of every element's depth, along the first elements: arrays nested
+    # unevenly elsewhere are refused by numpy.
+    depth, first = 0, data
+    while type(first) is list:
+        depth += 1
+        if depth >= MAX_JSON_DEPTH:
+            raise invalid_arg(f"Unable to parse 'data': {_TOO_DEEP}")
+        first = first[0] if first else None
     try:
         array = np.array(data)
     except ValueError:
@@ -367,6 +375,10 @@ def json_input_bytes(name: str, datatype: str, shape: list[int], data) -> memory
 
 
 _ELEMENT = object()  # _holds: any element that is not a list
+# Arrays in `data` nested this deep are refused, as by Triton since 2.58 (its elements are then
+# this deep: a flat array's are at depth 1).
+MAX_JSON_DEPTH = 100
+_TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
 
 
 def _holds(data: list, kind) -> bool:
@@ -414,6 +426,8 @@ def _flatten_strings(data: list, into: list[str], name: str) -> None:
             if type(element) is str:
                 into.append(element)
             elif type(element) is list:
+                if len(pending) + 1 >= MAX_JSON_DEPTH:
+                    raise invalid_arg(_TOO_DEEP)
                 pending.append(iter(element))
                 break
             else:

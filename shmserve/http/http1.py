@@ -35,6 +35,9 @@ REQUEST_TIMEOUT_S = 300.0
 KEEPALIVE_TIMEOUT_S = 75.0
 # An error's text is cut to this many characters: it may quote what a client sent.
 MAX_ERROR_CHARS = 4096
+# A chunked body of more chunks than this is refused (400), as by Triton since 2.69: each
+# chunk costs a call here.
+MAX_CHUNKS = 65536
 _SWEEP_INTERVAL_S = 1.0
 # After refusing a request whose body it will not read, the connection reads and drops what
 # the client still sends for this long before closing: a client that writes its whole body
@@ -222,6 +225,7 @@ class _Connection(asyncio.Protocol):
         self._unfinished_head = 0  # bytes read into a header or trailer not yet complete
         self._body: list = []
         self._body_bytes = 0
+        self._chunks = 0  # chunk headers of a chunked body
         # The body's progress as the last sweep saw it: ((request, bytes), when it moved).
         self._body_mark: tuple = ()
         self._body_moved = 0.0
@@ -348,6 +352,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._body = []
         self._body_bytes = 0
+        self._chunks = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -403,6 +408,14 @@ class _Connection(asyncio.Protocol):
                 and not self.transport.is_closing():
             self._expects_continue = False
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+        if self._chunks > MAX_CHUNKS + 1:  # the last chunk, of size 0, ends the body
+            self._refuse(error_response(400, f"Chunked request body exceeds maximum of "
+                                             f"{MAX_CHUNKS} non-empty chunks. Send fewer or "
+                                             f"larger HTTP chunks."))
+            raise httptools.HttpParserError("too many chunks")
 
     def on_body(self, body: bytes) -> None:
         self._unfinished_head = 0

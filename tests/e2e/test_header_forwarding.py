@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
 
-HEADERS = {"X-Tag": "abc", "Other": "no", "Priority": "7", "x-mine": "kept-param"}
+HEADERS = {"X-Tag": "abc", "Other": "no", "x-mine": "kept-param"}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,8 @@ def forwarding(test_repository, tmp_path_factory):
     server = start_server(test_repository, str(tmp_path_factory.mktemp("logs") / "s.log"),
                           "--model-control-mode=explicit", "--load-model=params_echo",
                           "--http-header-forward-pattern=^(x-|priority)",
-                          "--grpc-header-forward-pattern=^x-", wait_models=("params_echo",))
+                          "--grpc-header-forward-pattern=^(x-|triton_)",
+                          wait_models=("params_echo",))
     yield server
     stop_server(server)
 
@@ -38,9 +40,23 @@ def test_http_headers_that_match_become_parameters(forwarding):
     with httpclient.InferenceServerClient(forwarding.http_url) as client:
         result = client.infer("params_echo", [tensor(httpclient)], headers=HEADERS,
                               parameters={"x-mine": "from-request"})
-    # Names are lower case; the request's own parameter wins; a header never sets a
-    # parameter the server acts on (priority).
+    # Names are lower case; the request's own parameter wins.
     assert params_of(result) == {"x-tag": "abc", "x-mine": "from-request"}
+
+
+@pytest.mark.parametrize("protocol, name", [("http", "Priority"), ("grpc", "triton_x")])
+def test_a_header_that_would_set_a_parameter_the_server_acts_on_fails_the_request(
+        forwarding, protocol, name):
+    """As Triton since 2.69: INVALID_ARG, rather than a header changing how the request is
+    scheduled."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = forwarding.http_url if protocol == "http" else forwarding.grpc_url
+    with module.InferenceServerClient(url) as client:
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("params_echo", [tensor(module)], headers={name: "7"})
+    assert e.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert e.value.message() == (f"Header '{name.lower()}' is reserved for Triton usage and "
+                                 f"cannot be forwarded.")
 
 
 def test_grpc_metadata_that_matches_becomes_parameters_also_on_streams(forwarding):

@@ -415,21 +415,28 @@ def small_repository(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def closed_server(small_repository, tmp_path_factory):
     srv = start_server(small_repository, str(tmp_path_factory.mktemp("noshm") / "log"),
-                       "--allow-client-shm=false")
+                       "--allow-client-shm=false")  # the default, as Triton's since 2.68
     yield srv
     stop_server(srv)
 
 
-def test_client_shared_memory_can_be_turned_off(closed_server, regions):
+def test_client_shared_memory_is_off_unless_allowed(closed_server, regions):
+    """Triton 2.68's: registering and unregistering are UNSUPPORTED (HTTP 501, gRPC
+    UNIMPLEMENTED) with its text; the status lists nothing."""
     key, _ = regions.make(64)
+    text = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+            "to enable.")
     for mod, url, status in ((httpclient, closed_server.http_url, "501"),
                              (grpcclient, closed_server.grpc_url, "UNIMPLEMENTED")):
         c = mod.InferenceServerClient(url)
         try:
-            exc = _error(c.register_system_shared_memory, "r", key, 64)
-            assert _status(exc) == status
-            exc = _error(c.register_cuda_shared_memory, "g", base64.b64encode(bytes(64)), 0, 64)
-            assert _status(exc) == status
+            for call in (lambda: c.register_system_shared_memory("r", key, 64),
+                         lambda: c.register_cuda_shared_memory(
+                             "g", base64.b64encode(bytes(64)), 0, 64),
+                         lambda: c.unregister_system_shared_memory("r"),
+                         lambda: c.unregister_cuda_shared_memory()):
+                exc = _error(call)
+                assert (_status(exc), exc.message()) == (status, text)
             assert _names(c.get_system_shared_memory_status(),
                           "http" if mod is httpclient else "grpc") == []
         finally:

@@ -2,11 +2,13 @@
 server process (tests/models/README.md records what Triton answered)."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 MODULES = {"http": httpclient, "grpc": grpcclient}
 
@@ -17,3 +19,44 @@ def test_a_model_sees_the_command_line_tritons_stub_gives(clients, protocol):
     t.set_data_from_numpy(np.array([1], np.int32))
     argv = clients[protocol].infer("argv_probe", [t]).as_numpy("ARGV")[0]
     assert json.loads(argv) == [""]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_requested_twice_is_refused(clients, protocol):
+    """As Triton since 2.69 (an input given twice was refused before)."""
+    mod = MODULES[protocol]
+    t = mod.InferInput("INPUT0", [1, 4], "FP32")
+    t.set_data_from_numpy(np.ones((1, 4), np.float32))
+    outputs = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException) as e:
+        clients[protocol].infer("identity_fp32", [t], outputs=outputs)
+    assert e.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert e.value.message() == ("[request id: <id_unknown>] output 'OUTPUT0' already exists "
+                                 "in request")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_unary_request_whose_client_gave_up_is_cancelled_in_the_model(server, tmp_path,
+                                                                       protocol):
+    """A gRPC deadline that passes, or an HTTP client that closes its connection: the
+    model's request.is_cancelled() turns true, as in Triton, and it can stop early."""
+    record = tmp_path / "seen"
+    mod = MODULES[protocol]
+    t = mod.InferInput("SECONDS", [1], "FP32")
+    t.set_data_from_numpy(np.array([20.0], np.float32))
+    if protocol == "grpc":
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        call = lambda: client.infer("cancel_probe", [t], parameters={"record_to": str(record)},
+                                    client_timeout=0.5)
+    else:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=0.5)
+        call = lambda: client.infer("cancel_probe", [t], parameters={"record_to": str(record)})
+    try:
+        with pytest.raises(Exception):  # the client's own timeout
+            call()
+    finally:
+        client.close()
+    deadline = time.monotonic() + 10
+    while not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert record.read_text() == "cancelled"

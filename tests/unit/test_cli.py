@@ -144,6 +144,7 @@ def test_limits_have_protective_defaults():
     # gRPC's ping policy, as Triton sets it
     assert opts.grpc_http2_min_recv_ping_interval_without_data_ms == 300_000
     assert opts.grpc_http2_max_ping_strikes == 2
+    assert opts.allow_client_shm is False  # as Triton since 2.68
 
 
 def test_limits_are_flags():

@@ -125,6 +125,7 @@ def test_serving_runtime_matches_kserves_fields():
     assert container["name"] == "kserve-container"
     opts, _ = parse_options(container["args"])
     assert opts.model_repository == ["/mnt/models"] and opts.http_port == 8080
+    assert opts.allow_client_shm  # off by default, as in Triton: zero-copy clients are the point
 
 
 def shmserve_container(deployment):
@@ -148,6 +149,7 @@ def test_deployment_probes_drain_and_shared_memory():
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert opts.allow_client_shm
     assert mounts[opts.model_repository[0]] in volumes
 
 
@@ -193,6 +195,7 @@ def test_systemd_unit_settings():
     assert command[0].endswith("/bin/shmserve")
     opts, _ = parse_options(command[1:])
     assert int(service["TimeoutStopSec"]) > opts.exit_timeout_secs
+    assert opts.allow_client_shm
     assert unit[("Install", "WantedBy")] == ["multi-user.target"]
 
 

@@ -331,3 +331,63 @@ def test_each_response_of_a_decoupled_step_feeds_the_next_steps():
         assert len(steps.released) == 6
 
     asyncio.run(main())
+
+
+class GatedSteps(FakeSteps):
+    """FakeSteps whose add_sub calls wait for `gate`; `most` is the most in flight at once."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.gate = asyncio.Event()
+        self.running = 0
+        self.most = 0
+
+    async def __call__(self, request, output_regions, timings, device_outputs=()):
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.gate.wait()
+            async for item in super().__call__(request, output_regions, timings,
+                                               device_outputs):
+                yield item
+        finally:
+            self.running -= 1
+
+
+def test_max_inflight_requests_is_one_limit_for_all_requests_at_each_step():
+    """Triton 2.63/2.68: the requests of every client share the limit; those past it wait."""
+    text = PIPELINE.replace("ensemble_scheduling {",
+                            "ensemble_scheduling { max_inflight_requests: 1")
+
+    async def main():
+        steps = GatedSteps()
+        scheduler = EnsembleScheduler(plan(text), steps, ModelStats())
+        requests = [asyncio.ensure_future(scheduler.submit(work())) for _ in range(3)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert steps.running == 1  # one request at the first step, two waiting for room
+        steps.gate.set()
+        responses = await asyncio.gather(*requests)
+        assert steps.most == 1 and len(steps.calls) == 6
+        for response, _, _ in responses:
+            response.release()
+
+    asyncio.run(main())
+
+
+def test_a_step_whose_queue_is_full_fails_the_ensemble_at_once():
+    """Triton 2.66: the step's UNAVAILABLE is the ensemble's answer, instead of a hang."""
+    class FullQueue(FakeSteps):
+        async def __call__(self, request, output_regions, timings, device_outputs=()):
+            self.calls.append(request)
+            raise ServerError(Code.UNAVAILABLE, "Exceeds maximum queue size")
+            yield  # an async generator, as run_step is
+
+    async def main():
+        with pytest.raises(ServerError) as info:
+            await asyncio.wait_for(
+                EnsembleScheduler(plan(), FullQueue(), ModelStats()).submit(work()), 5)
+        assert info.value.code == Code.UNAVAILABLE
+        assert info.value.message == "in ensemble 'pipe', Exceeds maximum queue size"
+
+    asyncio.run(main())

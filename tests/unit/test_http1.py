@@ -868,3 +868,26 @@ def test_error_response_is_tritons_json_error():
     response = error_response(404, "Not Found")
     assert (response.status, json.loads(response.body)) == (404, {"error": "Not Found"})
     assert response.headers == {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("chunks, status", [(http1.MAX_CHUNKS, 200), (http1.MAX_CHUNKS + 1, 400)])
+def test_a_chunked_body_of_too_many_chunks_is_refused(chunks, status):
+    async def handle(request):
+        return Response(200, b"%d" % len(request.body))
+
+    async def main():
+        async with serving(handle) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + b"1\r\nx\r\n" * chunks + b"0\r\n\r\n")
+            got, _, body = await read_response(reader)
+            assert got == status
+            if status == 200:
+                assert body == b"%d" % chunks
+            else:
+                assert json.loads(body)["error"] == (
+                    "Chunked request body exceeds maximum of 65536 non-empty chunks. Send "
+                    "fewer or larger HTTP chunks.")
+                assert await closed(reader)
+            writer.close()
+    run(main())

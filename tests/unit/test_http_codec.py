@@ -13,6 +13,7 @@ from shmserve.http.codec import (
     OutputFormat,
     decode_infer_request,
     encode_infer_response,
+    json_input_bytes,
 )
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import datatypes
@@ -506,3 +507,17 @@ def test_json_output_size_mismatch_is_internal(out):
         encode_infer_response(InferResponse("m", "1", outputs=[out]), OutputFormat())
     assert info.value.code is Code.INTERNAL
     assert info.value.message == "output tensor shape does not match size of output for 'o'"
+
+
+@pytest.mark.parametrize("datatype, message", [
+    ("FP32", "Unable to parse 'data': JSON nesting depth exceeds maximum allowed limit (100)"),
+    ("BYTES", "JSON nesting depth exceeds maximum allowed limit (100)")])
+def test_data_nested_100_deep_is_refused_with_tritons_words(datatype, message):
+    data = "x" if datatype == "BYTES" else 1.0
+    for _ in range(100):
+        data = [data]
+    with pytest.raises(ServerError) as e:
+        json_input_bytes("I", datatype, [1] * 100, data)
+    assert (e.value.code, e.value.message) == (Code.INVALID_ARG, message)
+    if datatype == "BYTES":  # one level less passes (numpy stops FP32 at 64 dimensions)
+        assert json_input_bytes("I", "BYTES", [1] * 99, data[0]) == b"\1\0\0\0x"

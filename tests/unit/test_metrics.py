@@ -353,13 +353,13 @@ def test_metrics_config_switches_the_latency_counters_and_the_first_response_his
     assert switched[("nv_inference_first_response_histogram_ms_count", key)] == 2
 
 
-def test_only_decoupled_models_have_a_first_response_histogram():
-    """As in Triton, whose model reporters create it for decoupled models only."""
+def test_every_model_has_a_first_response_histogram():
+    """As in Triton since 2.65 (2.51 created it for decoupled models only)."""
     versions = FakeRegistry(model("plain"), model("stream", decoupled=True))
     out = scrape(ModelMetricsCollector(versions, histogram_latencies=True))
     models = {dict(labels)["model"] for n, labels in out
               if n == "nv_inference_first_response_histogram_ms_count"}
-    assert models == {"stream"}
+    assert models == {"plain", "stream"}
 
 
 def test_model_metrics_set_the_first_response_buckets():
