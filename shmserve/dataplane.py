@@ -488,6 +488,7 @@ class DataPlane:
             work = checked.work(request, mv)
             if work is not None:
                 work.trace = request.trace
+                work.timeout_us = checked.timeout_us
                 return work, checked.batch_size, checked.priority, checked.timeout_us, started
         try:
             work, batch_size = _prepare(request, mv, self.shared_memory,
@@ -512,6 +513,7 @@ class DataPlane:
             raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
                                         f"{exc.message}") from None
         work.trace = request.trace
+        work.timeout_us = timeout_us
         return work, batch_size, priority, timeout_us, started
 
     async def _run(self, mv, work, batch_size, priority, timeout_us, started):

@@ -179,6 +179,7 @@ class WorkerLoop:
                 ready=r.ready,
                 trace_id=r.trace_id,
                 trace_context=r.trace_context,
+                timeout_us=r.timeout_us,
             ))
         runnable = [req for i, req in enumerate(requests) if i not in unreadable]
         responses, timings = self._runner.execute(runnable)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -63,6 +64,7 @@ class RunnerRequest:
     ready: bool = True
     trace_id: int = 0  # the front's trace of the request, 0 when it is not traced
     trace_context: str = ""  # its OpenTelemetry context, in that trace mode
+    timeout_us: int = 0  # the request's timeout, as `request.timeout()` gives it
     # Set by execute: an iterative-sequence model asked to run the request again
     # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE); it has no response, or no final one, yet.
     rescheduled: bool = False
@@ -185,7 +187,8 @@ class ModelRunner:
         self._device_id = device_id
         self._model_repository = model_repository
         self._model = None
-        self._loop = None
+        self._loop = None  # the instance's event loop (_event_loop), once a coroutine needs it
+        self._loop_thread = None
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         try:
             self._sequence = SequenceExtras.from_config(model_config, model_dir, instance_kind,
@@ -223,6 +226,7 @@ class ModelRunner:
             self._model = model_class()
             if hasattr(self._model, "initialize"):
                 self._complete(self._model.initialize(self._initialize_args()))
+            pb_utils._allow_bls(True)
         except Exception as exc:
             _log.exception("initialize failed for model instance '%s'", self._instance_name)
             raise RunnerError(_describe(exc)) from exc
@@ -253,6 +257,7 @@ class ModelRunner:
         return isinstance(answer, (bool, np.bool_)) and bool(answer)
 
     def finalize(self) -> None:
+        pb_utils._allow_bls(False)
         try:
             if self._model is not None and hasattr(self._model, "finalize"):
                 self._complete(self._model.finalize())
@@ -266,22 +271,48 @@ class ModelRunner:
 
     # --- coroutines --------------------------------------------------------------------------
 
-    def _complete(self, result):
-        """The value of `result`, running it to completion first if the model returned a coroutine.
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The instance's event loop, running in a thread of its own from the first coroutine
+        on, as Triton's stub runs it: a model's coroutines, and the tasks they start, run
+        there, between calls too (and it is the worker's current event loop)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop_thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                                 name="model-event-loop")
+            self._loop_thread.start()
+            self._loop = loop
+        return self._loop
 
-        Coroutines run on one event loop kept for the life of the instance, driven from the
-        calling thread: a handoff to a loop thread (as Triton does) costs several times more
-        per execute. Tasks a model spawns therefore progress only while a call is running.
-        """
+    def _complete(self, result):
+        """The value of `result`: a coroutine runs to completion on the instance's event
+        loop, waited for here."""
         if not inspect.iscoroutine(result):
             return result
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(result)
+        return asyncio.run_coroutine_threadsafe(result, self._event_loop()).result()
+
+    def _in_background(self, coroutine, batch: list) -> None:
+        """A decoupled model's coroutine runs on, as in Triton: the instance takes its next
+        batch meanwhile, and the requests end through their senders. If it raises, the
+        requests still open end with the error (Triton would only log it)."""
+        def done(future) -> None:
+            if future.cancelled() or future.exception() is None:
+                return
+            exc = future.exception()
+            _log.error("execute of model instance '%s' failed", self._instance_name,
+                       exc_info=exc)
+            for _, pb_request, sent in batch:
+                if pb_request._sender._close():
+                    sent.end_with(self._internal_error(_describe(exc)))
+
+        asyncio.run_coroutine_threadsafe(coroutine, self._event_loop()).add_done_callback(done)
 
     def _stop_loop(self):
         if self._loop is not None:
-            self._loop.close()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(5)
+            if not self._loop.is_running():
+                self._loop.close()
             self._loop = None
 
     # --- execute -----------------------------------------------------------------------------
@@ -314,7 +345,7 @@ class ModelRunner:
                 request_id=request.request_id,
                 correlation_id=request.correlation_id,
                 flags=request.flags,
-                timeout=0,
+                timeout=request.timeout_us,
                 parameters=request.parameters,
                 inputs=inputs,
                 requested_output_names=request.requested_output_names,
@@ -329,7 +360,7 @@ class ModelRunner:
         failure = None
         if pb_requests:
             try:
-                self._run_model(pb_requests)
+                self._run_model(pb_requests, batch)
             except _ContractError as exc:
                 failure = str(exc)
             except Exception as exc:
@@ -376,12 +407,17 @@ class ModelRunner:
     def _reschedules(pb_request) -> bool:
         return bool(pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
-    def _run_model(self, pb_requests):
+    def _run_model(self, pb_requests, batch: list):
         if not hasattr(self._model, "execute"):
             raise _ContractError(
                 f"Python model '{self._model_name}' does not implement `execute` method."
             )
-        returned = self._complete(self._model.execute(pb_requests))
+        returned = self._model.execute(pb_requests)
+        if inspect.iscoroutine(returned):
+            if self.decoupled:
+                self._in_background(returned, batch)
+                return
+            returned = self._complete(returned)
         if returned is None:
             return  # every request must have been answered through its response sender
         if self.decoupled:

@@ -451,6 +451,8 @@ class InferenceRequest:
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"InferenceRequest inputs must be Tensors, found {type(tensor)}")
+        if isinstance(model_name, bytes):  # as read from a BYTES tensor: Triton takes it so
+            model_name = model_name.decode()
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
@@ -542,12 +544,15 @@ class InferenceRequest:
     def exec(self, decoupled=False):
         """Run this request on the server (BLS): its InferenceResponse (with the error, if
         it failed), or with `decoupled=True` an iterator of the model's responses, the last
-        one empty when the model sent its final flag alone."""
+        one empty when the model sent its final flag alone (returned once the first has
+        come, as Triton's)."""
+        if not _bls_allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
         args, blocks = self._call_args(decoupled)
         replies = _server_call("infer", args, blocks)
         device = self._output_device()
         if decoupled:
-            return (_bls_response(reply, device) for reply in replies)
+            return _ResponseIterator(replies, device)
         try:
             return _bls_response(next(replies), device)
         finally:
@@ -564,11 +569,9 @@ class InferenceRequest:
         return preferred.preferred_device_id
 
     async def async_exec(self, decoupled=False):
-        """exec() from an async execute(): awaits the answer without holding up the loop."""
-        response = await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
-        if decoupled:  # the responses arrive as they come, read off the loop
-            return _AsyncResponses(response)
-        return response
+        """exec() from an async execute(): awaits the answer (a decoupled call's first
+        response) without holding up the loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
     def _call_args(self, decoupled: bool) -> tuple:
         """(the call's arguments, the CallArena blocks its inputs took). A request's input
@@ -612,25 +615,50 @@ class InferenceRequest:
                 "trace": getattr(self._trace, "_trace_id", 0)}, blocks
 
 
-class _AsyncResponses:
-    """The responses of a decoupled async_exec, each awaited off the event loop."""
+_END = object()  # _ResponseIterator: no response after the last
 
-    def __init__(self, responses):
-        self._responses = responses
+
+class _ResponseIterator:
+    """The responses of a decoupled BLS call, as Triton's ResponseIterator: made once the
+    first has come; iterated with next() or `for` (each waits for its response), or with
+    `async for` (waiting off the event loop); `cancel()` stops the call."""
+
+    def __init__(self, replies, device):
+        self._replies = replies
+        self._device = device
+        self._first = self._read()
+
+    def _read(self):
+        reply = next(self._replies, None)
+        return _END if reply is None else _bls_response(reply, self._device)
+
+    def _take(self):
+        item, self._first = self._first, None
+        return self._read() if item is None else item
 
     def __iter__(self):
-        return self._responses
+        return self
+
+    def __next__(self):
+        item = self._take()
+        if item is _END:
+            raise StopIteration
+        return item
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
-        done = object()
-        item = await asyncio.get_running_loop().run_in_executor(
-            None, next, self._responses, done)
-        if item is done:
+        item, self._first = self._first, None
+        if item is None:
+            item = await asyncio.get_running_loop().run_in_executor(None, self._read)
+        if item is _END:
             raise StopAsyncIteration
         return item
+
+    def cancel(self):
+        """The caller wants no more responses: the server stops the call (Triton 2.57)."""
+        self._replies.close()
 
 
 def _bls_response(reply, device=None) -> "InferenceResponse":
@@ -819,6 +847,16 @@ _server_calls = None  # workers.server_calls.FrameReader of this worker
 def _set_server_calls(reader) -> None:
     global _server_calls
     _server_calls = reader
+
+
+# Whether the instance is past initialize() and not in finalize(): BLS calls are only made
+# then, as in Triton (the runner says when).
+_bls_allowed = False
+
+
+def _allow_bls(allowed: bool) -> None:
+    global _bls_allowed
+    _bls_allowed = allowed
 
 
 def _server_call(kind: str, args: dict, blocks=()):

@@ -110,6 +110,7 @@ class WorkRequest:
     # the batch's Result, before it told what it wrote, unless it had marked the batch's
     # answers whole (see request_table.py): the connection may hold part of one.
     answer: object = None
+    timeout_us: int = 0  # its timeout (the "timeout" parameter), for `request.timeout()`
     # While a worker holds it (not a decoupled one, whose stream has its row): (the request
     # table, its row), to mark it cancelled when its client goes away (WorkRequest.cancel).
     held: object = None
@@ -860,7 +861,7 @@ def _layout(batch: list, rows: list, sockets: Optional[list] = None
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
                                             trace_id, trace_context, req.device_outputs,
-                                            answer))
+                                            answer, req.timeout_us))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

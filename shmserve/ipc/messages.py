@@ -199,17 +199,18 @@ class RequestFrame:
     # Its prepared answer, or None: [socket index, pieces, [[name, datatype, shape, nbytes],
     # ...]], the answer being pieces[0], output 0, pieces[1], ..., output n-1, pieces[n].
     answer: Optional[list] = None
+    timeout_us: int = 0  # the request's timeout, which `request.timeout()` gives the model
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
                 self.output_regions, self.sequence_slot, self.ready, self.trace_id,
-                self.trace_context, self.device_outputs, self.answer]
+                self.trace_context, self.device_outputs, self.answer, self.timeout_us]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
         return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13])
+                            w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14])
 
 
 @dataclass(slots=True)

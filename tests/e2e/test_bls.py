@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from shmserve.repository.loader import gpu_count
 from tests.conftest import start_server, stop_server, wait_for_models
 
-MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser")
+MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser", "request_probe")
 X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 Y = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
 
@@ -66,6 +66,41 @@ def test_exec_decoupled_iterates_every_response_then_the_empty_final(clients):
     assert result.as_numpy("OUTPUT0").tolist() == [5.0, 7.0, 9.0]
     # repeat sends its final flag alone: the iterator ends with one empty response.
     assert text(result) == ["empty 1"]
+
+
+def test_async_exec_decoupled_gives_an_iterator_next_works_on(clients):
+    """As Triton's ResponseIterator: next() as well as `async for`."""
+    result = probe(clients, "grpc", "stream_async", np.array([5, 7, 9], np.float32))
+    assert result.as_numpy("OUTPUT0").tolist() == [5.0, 7.0, 9.0]
+
+
+def test_a_decoupled_calls_iterator_cancelled_gives_no_more_responses(clients):
+    """cancel() on a decoupled BLS iterator (Triton 2.57)."""
+    result = probe(clients, "grpc", "stream_cancel", np.arange(1, 500, dtype=np.float32))
+    assert result.as_numpy("OUTPUT0").tolist() == [1.0]
+    assert text(result) == ["after cancel 0"]
+
+
+def test_a_calls_timeout_reaches_the_called_model_and_a_bytes_name_is_a_name(clients):
+    result = probe(clients, "grpc", "timeout")
+    assert result.as_numpy("OUTPUT0").tolist() == [123456.0]
+
+
+def test_bls_from_initialize_fails_as_in_triton(clients):
+    t = grpcclient.InferInput("INPUT0", [1], "INT32")
+    t.set_data_from_numpy(np.array([1], np.int32))
+    result = clients["grpc"].infer("request_probe", [t])
+    assert result.as_numpy("INIT_BLS")[0] == (b"BLS is only supported during the 'execute' "
+                                              b"function.")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_clients_timeout_parameter_is_the_models_request_timeout(clients, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    t = module.InferInput("INPUT0", [1], "INT32")
+    t.set_data_from_numpy(np.array([1], np.int32))
+    result = clients[protocol].infer("request_probe", [t], timeout=654321)
+    assert result.as_numpy("TIMEOUT").tolist() == [654321]
 
 
 def test_preferred_memory_gpu_puts_outputs_on_the_gpu_where_there_is_one(clients):

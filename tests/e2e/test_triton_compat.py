@@ -2,6 +2,7 @@
 server process (tests/models/README.md records what Triton answered)."""
 
 import json
+import queue
 import time
 
 import numpy as np
@@ -60,3 +61,47 @@ def test_a_unary_request_whose_client_gave_up_is_cancelled_in_the_model(server, 
     while not record.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert record.read_text() == "cancelled"
+
+
+def _gather(server, counts: list) -> tuple[dict, list]:
+    """Streams one async_gather request per count on one gRPC stream: ({request index:
+    PEAK}, [error messages])."""
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    peaks, errors = {}, []
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for i, count in enumerate(counts):
+            t = grpcclient.InferInput("COUNT", [1], "INT32")
+            t.set_data_from_numpy(np.array([count], np.int32))
+            client.async_stream_infer("async_gather", [t], request_id=str(i))
+        for _ in counts:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                errors.append(error.message())
+            else:
+                peaks[int(result.get_response().id)] = int(result.as_numpy("PEAK")[0])
+        client.stop_stream()
+    finally:
+        client.close()
+    return peaks, errors
+
+
+def test_an_async_decoupled_model_has_many_requests_in_flight_on_one_instance(server):
+    """As Triton's stub: execute's coroutine runs on a background event loop, and the
+    instance takes the next batch while it does (each request here waits for the others)."""
+    assert _gather(server, [4, 4, 4, 4]) == ({0: 4, 1: 4, 2: 4, 3: 4}, [])
+
+
+def test_an_exception_in_one_async_request_leaves_the_others_alone(server):
+    peaks, (error,) = _gather(server, [2, -1, 2])
+    assert peaks == {0: 2, 2: 2} and "async_gather was told to fail" in error
+
+
+def test_tasks_an_async_model_starts_run_between_its_calls(clients):
+    t = httpclient.InferInput("INPUT0", [1], "INT32")
+    t.set_data_from_numpy(np.array([1], np.int32))
+    first = clients["http"].infer("async_ticker", [t]).as_numpy("TICKS")[0]
+    time.sleep(0.5)  # no call runs meanwhile: only the instance's own loop moves the task
+    second = clients["http"].infer("async_ticker", [t]).as_numpy("TICKS")[0]
+    assert second - first >= 10

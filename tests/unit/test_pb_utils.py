@@ -274,9 +274,20 @@ def test_bls_request_constructs_and_exec_needs_a_worker():
         parameters={"p": True},
     )
     assert request.inputs() == [tensor] and json.loads(request.parameters()) == {"p": True}
-    # Outside a worker there is no server to call (tests/e2e/test_bls.py has the calls).
-    with pytest.raises(pb_utils.TritonModelException, match="only inside a shmserve worker"):
+    # Only from execute, as in Triton; outside a worker there is no server to call
+    # (tests/e2e/test_bls.py has the calls).
+    with pytest.raises(pb_utils.TritonModelException,
+                       match="BLS is only supported during the 'execute' function."):
         request.exec()
+    pb_utils._allow_bls(True)
+    try:
+        with pytest.raises(pb_utils.TritonModelException, match="only inside a shmserve worker"):
+            request.exec()
+    finally:
+        pb_utils._allow_bls(False)
+    # A name read from a BYTES tensor is the name (pybind11 takes bytes for a string).
+    assert pb_utils.InferenceRequest(model_name=b"other", requested_output_names=[],
+                                     inputs=[])._model_name == "other"
     with pytest.raises(pb_utils.TritonModelException, match="only inside a shmserve worker"):
         pb_utils.is_model_ready("other")
     with pytest.raises(pb_utils.TritonModelException, match="response sender"):

@@ -62,6 +62,32 @@ class TritonPythonModel:
                 else:
                     values.append(float(out.as_numpy()[0]))
             return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text(f"empty {empty}")])
+        if mode == "stream_async":  # repeat by async_exec: next() for the first response,
+            # `async for` for the rest
+            responses = await _request("repeat", ["OUT", "IDX"],
+                                       IN=x.astype(np.int32)).async_exec(decoupled=True)
+            values = [next(responses)]
+            values += [response async for response in responses]
+            values = [float(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0])
+                      for r in values if pb_utils.get_output_tensor_by_name(r, "OUT")]
+            return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text("")])
+        if mode == "stream_cancel":  # repeat's first response, then cancel(): no more come
+            responses = _request("repeat", ["OUT", "IDX"],
+                                 IN=x.astype(np.int32)).exec(decoupled=True)
+            first = pb_utils.get_output_tensor_by_name(next(responses), "OUT").as_numpy()[0]
+            responses.cancel()
+            return pb_utils.InferenceResponse([_floats("OUTPUT0", [first]),
+                                               _text(f"after cancel {len(list(responses))}")])
+        if mode == "timeout":  # request_probe called with a timeout of 123456 µs and its
+            # name as bytes, as a model reads it from a BYTES tensor: the timeout it saw
+            response = pb_utils.InferenceRequest(
+                model_name=b"request_probe", requested_output_names=["TIMEOUT"],
+                inputs=[pb_utils.Tensor("INPUT0", np.array([1], np.int32))],
+                timeout=123456).exec()
+            if response.has_error():
+                return pb_utils.InferenceResponse(error=response.error())
+            seen = pb_utils.get_output_tensor_by_name(response, "TIMEOUT").as_numpy()[0]
+            return pb_utils.InferenceResponse([_floats("OUTPUT0", [seen]), _text("")])
         if mode == "traced":  # add_sub twice: with this request's trace, then without; the
             # trace's OpenTelemetry context as TEXT
             with_trace = _request("add_sub", ["OUTPUT0"], trace=request.trace(),
