@@ -210,6 +210,8 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_device_id", "_origin")
 
     def __init__(self, name, numpy_array):
+        if numpy_array is None:
+            raise TypeError("Tensor needs a numpy array, found None")
         _check_tensor_name(name)
         array = np.asarray(numpy_array)
         if array.dtype.kind in "SU":
@@ -442,15 +444,30 @@ class InferenceRequest:
         trace=None,
         parameters=None,
     ):
+        # The exception types are Triton's: pybind11's TypeError for an argument of the wrong
+        # type, TritonModelException for what the stub itself checks.
         if inputs is None or requested_output_names is None or model_name is None:
             raise TypeError(
                 "InferenceRequest needs inputs, requested_output_names and model_name"
             )
+        for name, value, kind in (("request_id", request_id, str),
+                                  ("model_name", model_name, (str, bytes)),
+                                  ("model_version", model_version, int),
+                                  ("flags", flags, int), ("timeout", timeout, int)):
+            if not isinstance(value, kind):
+                raise TypeError(f"InferenceRequest {name} has the wrong type: {type(value)}")
+        if correlation_id is None:
+            raise TypeError("InferenceRequest correlation_id cannot be None")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         for tensor in inputs:
+            if tensor is None:
+                raise TritonModelException("InferenceRequest inputs cannot hold None")
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"InferenceRequest inputs must be Tensors, found {type(tensor)}")
+        for name in requested_output_names:
+            if not isinstance(name, str):
+                raise TypeError(f"requested_output_names must be strings, found {type(name)}")
         if isinstance(model_name, bytes):  # as read from a BYTES tensor: Triton takes it so
             model_name = model_name.decode()
         self._request_id = request_id
@@ -699,9 +716,13 @@ def _bls_tensor(ref, device=None) -> "Tensor":
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        tensors = list(output_tensors) if output_tensors is not None else []
+    def __init__(self, output_tensors=(), error=None, parameters=None):
+        if output_tensors is None:
+            raise TypeError("output_tensors must be a list of Tensors, found None")
+        tensors = list(output_tensors)
         for tensor in tensors:
+            if tensor is None:
+                raise TritonModelException("output_tensors cannot hold None")
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"output_tensors must hold Tensors, found {type(tensor)}")
         if error is not None and not isinstance(error, TritonError):
@@ -926,25 +947,35 @@ class Logger:
         LogLevel.VERBOSE: logging.DEBUG,
     }
 
+    # A message must be a str and a level a LogLevel: pybind11's TypeError otherwise, as in
+    # Triton.
     @staticmethod
     def log(message, level=LogLevel.INFO):
-        _logger.log(Logger._LEVELS[Logger.LogLevel(level)], message, stacklevel=2)
+        if type(level) is not Logger.LogLevel:
+            raise TypeError(f"the log level must be a Logger.LogLevel, found {type(level)}")
+        _logger.log(Logger._LEVELS[level], _log_message(message), stacklevel=2)
 
     @staticmethod
     def log_info(message):
-        _logger.info(message, stacklevel=2)
+        _logger.info(_log_message(message), stacklevel=2)
 
     @staticmethod
     def log_warn(message):
-        _logger.warning(message, stacklevel=2)
+        _logger.warning(_log_message(message), stacklevel=2)
 
     @staticmethod
     def log_error(message):
-        _logger.error(message, stacklevel=2)
+        _logger.error(_log_message(message), stacklevel=2)
 
     @staticmethod
     def log_verbose(message):
-        _logger.debug(message, stacklevel=2)
+        _logger.debug(_log_message(message), stacklevel=2)
+
+
+def _log_message(message) -> str:
+    if not isinstance(message, str):
+        raise TypeError(f"a log message must be a str, found {type(message)}")
+    return message
 
 
 # --- custom metrics ---------------------------------------------------------------------------

@@ -497,3 +497,66 @@ def test_histogram():
         pb_utils.MetricFamily("c", "c", pb_utils.MetricFamily.COUNTER).Metric(buckets=[1])
     with pytest.raises(pb_utils.TritonModelException, match="labels"):
         family.Metric(labels={"a": 1}, buckets=[1])
+
+
+# Argument checks with the exception types Triton's Python backend raises (pybind11's
+# TypeError for an argument of the wrong type, TritonModelException for the stub's own
+# checks); read off Triton's QA model argument_validation.
+_TENSOR = pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))
+_REQUEST = dict(inputs=[_TENSOR], model_name="m", requested_output_names=["o"])
+
+
+_REFUSED = {
+    "request inputs [None]": (lambda: pb_utils.InferenceRequest(**{**_REQUEST, "inputs": [None]}),
+                              pb_utils.TritonModelException),
+    "request inputs None": (lambda: pb_utils.InferenceRequest(**{**_REQUEST, "inputs": None}),
+                            TypeError),
+    "request model_name None": (
+        lambda: pb_utils.InferenceRequest(**{**_REQUEST, "model_name": None}), TypeError),
+    "request outputs [None]": (lambda: pb_utils.InferenceRequest(
+        **{**_REQUEST, "requested_output_names": [None]}), TypeError),
+    "request outputs None": (lambda: pb_utils.InferenceRequest(
+        **{**_REQUEST, "requested_output_names": None}), TypeError),
+    "correlation_id None": (lambda: pb_utils.InferenceRequest(**_REQUEST, correlation_id=None),
+                            TypeError),
+    "correlation_id 1.5": (lambda: pb_utils.InferenceRequest(**_REQUEST, correlation_id=1.5),
+                           pb_utils.TritonModelException),
+    "request_id None": (lambda: pb_utils.InferenceRequest(**_REQUEST, request_id=None),
+                        TypeError),
+    "model_version None": (lambda: pb_utils.InferenceRequest(**_REQUEST, model_version=None),
+                           TypeError),
+    "flags None": (lambda: pb_utils.InferenceRequest(**_REQUEST, flags=None), TypeError),
+    "response [None]": (lambda: pb_utils.InferenceResponse(output_tensors=[None]),
+                        pb_utils.TritonModelException),
+    "response None": (lambda: pb_utils.InferenceResponse(output_tensors=None), TypeError),
+    "tensor name None": (lambda: pb_utils.Tensor(None, np.ones(2)), TypeError),
+    "tensor array None": (lambda: pb_utils.Tensor("OUTPUT0", None), TypeError),
+    "tensor '' None": (lambda: pb_utils.Tensor("", None), TypeError),
+    "from_dlpack None": (lambda: pb_utils.Tensor.from_dlpack("OUTPUT0", None),
+                         pb_utils.TritonModelException),
+    "from_dlpack '' None": (lambda: pb_utils.Tensor.from_dlpack("", None),
+                            pb_utils.TritonModelException),
+    "log level None": (lambda: pb_utils.Logger.log("Invalid Level", None), TypeError),
+    "log level 1": (lambda: pb_utils.Logger.log("Invalid Level", 1), TypeError),
+    "log_info None": (lambda: pb_utils.Logger.log_info(None), TypeError),
+    "log_warn None": (lambda: pb_utils.Logger.log_warn(None), TypeError),
+    "log_error None": (lambda: pb_utils.Logger.log_error(None), TypeError),
+    "log_verbose None": (lambda: pb_utils.Logger.log_verbose(None), TypeError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED))
+def test_arguments_are_refused_with_tritons_exception_types(case):
+    make, raised = _REFUSED[case]
+    with pytest.raises(raised):
+        make()
+
+
+def test_arguments_triton_takes():
+    assert pb_utils.InferenceRequest(**_REQUEST, correlation_id=5).correlation_id() == 5
+    assert pb_utils.InferenceRequest(**_REQUEST, correlation_id="a-5").correlation_id() == "a-5"
+    assert pb_utils.InferenceRequest(**_REQUEST).correlation_id() == 0
+    pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name="m")
+    pb_utils.InferenceResponse(output_tensors=[])
+    pb_utils.InferenceResponse([_TENSOR])
+    pb_utils.Logger.log("Level unspecified")
