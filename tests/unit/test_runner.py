@@ -683,7 +683,7 @@ def test_a_models_exception_is_described_with_its_frames_innermost_first(make_ru
         import triton_python_backend_utils as pb_utils
 
         def inner(request):
-            pb_utils.Tensor("", None)
+            pb_utils.Tensor("", [1.0])
 
         class TritonPythonModel:
             def execute(self, requests):
