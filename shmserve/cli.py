@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "batch while it runs one, so that it never waits for the server; "
                         "one with longer batches gets the next when it is free, as in Triton, "
                         f"so that more requests join it (default {DEFAULT_PIPELINE_BELOW_US}; "
-                        "0: never)")
+                        "0: never; a model whose queue has a policy never pipelines)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
                    help="serve gRPC over TLS (with --grpc-server-cert and --grpc-server-key)")
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",

@@ -8,7 +8,9 @@ on a VM, more than a small batch takes to run. An instance whose batches take lo
 request that arrived meanwhile joins it. Sent early, that batch would hold only the requests
 queued so far (a model taking 20 ms a batch served a third fewer requests at concurrency 32,
 its batches split three ways), to save a wake-up that is small beside its run. The
-least-loaded instance is always chosen first.
+least-loaded instance is always chosen first. A model whose queue has a policy (priorities,
+timeouts, a size bound) never pipelines: a request sent behind a running batch would have left
+the policy before it starts (see hold_one_batch).
 
 A batch that could still grow, queued behind a running one, must hold at least as many
 requests as the latest batch the instance was sent (try_acquire's `size`). Under load, a batch
@@ -57,6 +59,13 @@ class InstancePool:
         self._waiters: collections.deque = collections.deque()
         self._listeners: list = []
         self._closed = False
+
+    def hold_one_batch(self) -> None:
+        """Each instance holds only the batch it runs, whatever its batches' length: a
+        scheduler whose queue policy (priorities, timeouts, size bound) must govern every
+        request until it starts asks for this."""
+        for inst in self.instances:
+            self._max_depth[inst] = self._depth[inst] = 1
 
     @property
     def ready(self) -> bool:

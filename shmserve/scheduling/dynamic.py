@@ -52,6 +52,10 @@ class DynamicBatcher:
         self._loop = None  # the event loop of the first request
         self._running: set = set()  # batches in flight, referenced until they end
         pool.add_listener(self._schedule)
+        if self._queue.has_policy:
+            # A batch queued behind a running one would leave the policy before it starts:
+            # its timeouts could no longer reject it, nor a higher priority overtake it.
+            pool.hold_one_batch()
 
     @classmethod
     def from_config(cls, pool, stats, config, strategy=None, timer=None) -> "DynamicBatcher":

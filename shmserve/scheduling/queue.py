@@ -102,6 +102,12 @@ class RequestQueue:
         """Some priority level has a max_queue_size of its own."""
         return any(p.max_queue_size for p in self._policies)
 
+    @property
+    def has_policy(self) -> bool:
+        """Priorities, a queue timeout or a size bound apply: requests must stay queued until
+        an instance starts them, for these to hold over everything that has not started."""
+        return self.levels > 1 or any(p.timeout_ns or p.max_queue_size for p in self._policies)
+
     def level_of(self, priority: int) -> int:
         """A request's level: 0, or a value beyond the configured levels, means the default."""
         if priority <= 0 or priority > self.levels:

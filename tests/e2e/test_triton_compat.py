@@ -11,6 +11,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import start_server, stop_server
+
 MODULES = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -105,3 +107,45 @@ def test_tasks_an_async_model_starts_run_between_its_calls(clients):
     time.sleep(0.5)  # no call runs meanwhile: only the instance's own loop moves the task
     second = clients["http"].infer("async_ticker", [t]).as_numpy("TICKS")[0]
     assert second - first >= 10
+
+
+def _priority_call(client, priority, delay=0.0, **params):
+    inputs = [httpclient.InferInput("INPUT0", [1, 1], "FP32"),
+              httpclient.InferInput("DELAY", [1, 1], "FP32")]
+    inputs[0].set_data_from_numpy(np.zeros((1, 1), np.float32))
+    inputs[1].set_data_from_numpy(np.full((1, 1), delay, np.float32))
+    return client.async_infer("batch_priority", inputs, priority=priority, **params)
+
+
+def test_queue_policy_holds_until_a_request_starts_with_pipelining_on(test_repository, tmp_path):
+    """On a server that pipelines short batches (the default), a request that arrives while
+    another runs stays under its queue's policy until it starts: a higher priority overtakes
+    it, and its timeout rejects it on time, before execute ever sees it."""
+    srv = start_server(test_repository, str(tmp_path / "log"), "--model-control-mode=explicit",
+                       "--load-model=batch_priority", wait_models=("batch_priority",))
+    client = httpclient.InferenceServerClient(srv.http_url, concurrency=4)
+    try:
+        # A fresh instance has no batch length yet: it would pipeline the next batch.
+        running = _priority_call(client, 3, delay=0.8)
+        time.sleep(0.2)
+        low = _priority_call(client, 3)
+        time.sleep(0.1)
+        high = _priority_call(client, 2)
+        starts = [r.get_result().as_numpy("START")[0, 0] for r in (running, low, high)]
+        assert starts[0] < starts[2] < starts[1]
+
+        # The short batches just run make the instance pipeline again.
+        running = _priority_call(client, 5, delay=1.5)
+        time.sleep(0.2)
+        sent = time.monotonic()
+        late = _priority_call(client, 5, timeout=100_000)
+        with pytest.raises(InferenceServerException) as e:
+            late.get_result()
+        assert time.monotonic() - sent < 1.0  # not when the running request ends
+        assert e.value.status() == "503" and e.value.message() == "Request timeout expired"
+        running.get_result()
+        [stats] = client.get_inference_statistics("batch_priority")["model_stats"]
+        assert stats["execution_count"] == 4  # the rejected request never ran
+    finally:
+        client.close()
+        stop_server(srv)

@@ -383,6 +383,61 @@ def test_queue_timeout_rejects_a_request_still_waiting():
     run(main())
 
 
+@pytest.mark.parametrize("queue", [
+    RequestQueue(default_policy=QueuePolicy(timeout_ns=500 * US)),
+    RequestQueue(default_policy=QueuePolicy(max_queue_size=4)),
+    RequestQueue(levels=2, default_level=2),
+], ids=["timeout", "max_queue_size", "priorities"])
+def test_a_queue_policy_keeps_requests_queued_until_an_instance_is_free(queue):
+    """Pipelining (a pool of depth 2) would send the next batch behind the running one, out of
+    the policy's reach; with a policy it stays queued."""
+    async def main():
+        h = Harness(depth=2, queue=queue)
+        await h.block()
+        waiting = h.submit("next", priority=1)
+        await settle()
+        assert h.inst.seen == [["blocker"]] and h.stats.pending == 1
+        h.inst.finish()
+        await settle()
+        assert h.inst.seen == [["blocker"], ["next"]]
+    run(main())
+
+
+def test_a_timeout_shorter_than_the_running_batch_rejects_on_time_with_pipelining():
+    async def main():
+        policy = QueuePolicy(timeout_ns=3_000_000 * US, allow_timeout_override=True)
+        h = Harness(depth=2, queue=RequestQueue(default_policy=policy))
+        await h.block()
+        short = h.submit("short", timeout_us=100_000)
+        default = h.submit("default", shape=(1, 5))
+        await settle()
+        h.timer.advance(100_000 * US)
+        await settle()
+        assert short.done()
+        with pytest.raises(QueueRejection, match="^Request timeout expired$"):
+            await short
+        assert not default.done()
+        h.timer.advance(2_900_000 * US)
+        await settle()
+        assert default.done()
+        with pytest.raises(QueueRejection, match="^Request timeout expired$"):
+            await default
+        h.inst.finish()
+        await settle()
+        assert h.inst.seen == [["blocker"]]
+    run(main())
+
+
+def test_without_a_policy_the_next_batch_still_pipelines():
+    async def main():
+        h = Harness(depth=2)
+        await h.block()
+        h.submit("next")
+        await settle()
+        assert h.inst.seen == [["blocker"], ["next"]]
+    run(main())
+
+
 def test_timeout_override_may_lower_but_not_raise_the_default():
     policy = QueuePolicy(timeout_ns=1000 * US, allow_timeout_override=True)
     assert policy.timeout_for(200) == 200 * US
