@@ -31,6 +31,12 @@ class ModelVersion:
     stats: ModelStats = field(default_factory=ModelStats)
     load_seconds: float = 0.0
     labels: dict = field(default_factory=dict)  # output name -> its label_filename's labels
+    # The config its instances are given (args["model_config"]): the one it loaded with, also
+    # for instances an instance group update adds, as Triton's Python backend does.
+    instance_config_json: Optional[dict] = None
+    # Its files as loaded (repository/instances.py version_source): unchanged, a reload that
+    # changes only instance groups updates the version in place.
+    source: tuple = ()
 
     @property
     def ready(self) -> bool:

@@ -148,7 +148,9 @@ class Server:
                                                 and options.allow_gpu_metrics),
                              on_instance_exit=self.supervisor.instance_exited,
                              on_pool_ready=self.supervisor.watch,
-                             on_pool_stopped=self.supervisor.forget)
+                             on_pool_stopped=self.supervisor.forget,
+                             on_instance_added=self.supervisor.watch_instance,
+                             on_instance_removed=self.supervisor.forget_instance)
         self.models = ModelManager(self.registry, self.loader,
                                    mode=options.model_control_mode,
                                    startup_models=options.load_model,
@@ -313,7 +315,7 @@ class Server:
     def _kill_busy_instances(self, why: str) -> None:
         for mv in self.registry.all_versions():
             if mv.pool is not None:
-                for inst in mv.pool.instances:
+                for inst in [*mv.pool.instances, *mv.pool.retiring]:
                     if inst.holds_work:
                         inst.kill(why)
 

@@ -12,6 +12,11 @@ least-loaded instance is always chosen first. A model whose queue has a policy (
 timeouts, a size bound) never pipelines: a request sent behind a running batch would have left
 the policy before it starts (see hold_one_batch).
 
+The instances may change while the pool serves (a reload that changes only the instance
+groups, see repository/instances.py): `update` adds instances and retires others. A retired
+instance takes no new batch from the pool, but what it holds runs to the end, and a scheduler
+may still send work to it by name (a sequence bound to it) until it is forgotten.
+
 A batch that could still grow, queued behind a running one, must hold at least as many
 requests as the latest batch the instance was sent (try_acquire's `size`). Under load, a batch
 sent the moment there is room holds only what came since the last one left: batches halve,
@@ -45,27 +50,76 @@ class InstancePool:
         instances it limits must satisfy too; they hold one batch at a time.
         `pipeline_below_us`: how short an instance's batches must be for it to hold `depth`
         (0: never)."""
-        self.instances = list(instances)
         self.depth = depth
         self._limiter = limiter
+        self._pipeline_below_us = pipeline_below_us
         self._pipeline_below_ns = pipeline_below_us * 1000
+        self._hold_one = False
         # The most each may hold, and what it holds now, after its recent batches' lengths.
-        self._max_depth = {i: 1 if limiter is not None and limiter.limits(i) else depth
-                           for i in self.instances}
-        self._depth = {i: d if pipeline_below_us else 1 for i, d in self._max_depth.items()}
-        self._batch_ns = dict.fromkeys(self.instances, 0)  # estimates of their batches' length
-        self._load = dict.fromkeys(self.instances, 0)
-        self._sent = dict.fromkeys(self.instances, 0)  # requests in the latest batch sent to each
+        self._max_depth: dict = {}
+        self._depth: dict = {}
+        self._batch_ns: dict = {}  # estimates of their batches' length
+        self._load: dict = {}
+        self._sent: dict = {}  # requests in the latest batch sent to each
+        # Instances taken out by `update` that are not forgotten yet.
+        self.retiring: set = set()
         self._waiters: collections.deque = collections.deque()
         self._listeners: list = []
         self._closed = False
+        for inst in instances:
+            self._register(inst)
+        self.instances = list(instances)
+
+    def _register(self, inst) -> None:
+        limited = self._limiter is not None and self._limiter.limits(inst)
+        self._max_depth[inst] = 1 if limited or self._hold_one else self.depth
+        self._depth[inst] = self._max_depth[inst] if self._pipeline_below_us else 1
+        self._batch_ns[inst] = 0
+        self._load[inst] = 0
+        self._sent[inst] = 0
 
     def hold_one_batch(self) -> None:
         """Each instance holds only the batch it runs, whatever its batches' length: a
         scheduler whose queue policy (priorities, timeouts, size bound) must govern every
-        request until it starts asks for this."""
+        request until it starts asks for this (instances added later too)."""
+        self._hold_one = True
         for inst in self.instances:
             self._max_depth[inst] = self._depth[inst] = 1
+
+    def update(self, instances: list, limiter=None) -> list:
+        """Serve with `instances` from now on, in that order: those new to the pool (started
+        already) take work at once; those left out retire, and are returned. `limiter`: the
+        server's RateLimiter, which the pool obeys from now on if a new instance is limited
+        by it."""
+        if limiter is not None and self._limiter is None \
+                and any(limiter.limits(i) for i in instances):
+            self._limiter = limiter
+        for inst in instances:
+            if inst not in self._load:
+                self._register(inst)
+        kept = set(instances)
+        retired = [i for i in self.instances if i not in kept]
+        self.retiring.update(retired)
+        self.instances = list(instances)
+        self.wake_all()
+        return retired
+
+    def busy(self, inst) -> bool:
+        """Whether the instance holds a batch the pool gave it."""
+        return self._load.get(inst, 0) > 0
+
+    def forget(self, inst) -> None:
+        """A retired instance that holds nothing leaves for good (it is being stopped)."""
+        self.retiring.discard(inst)
+        for table in (self._max_depth, self._depth, self._batch_ns, self._load, self._sent):
+            table.pop(inst, None)
+        if self._limiter is not None:
+            self._limiter.remove(inst)
+        self.wake_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def ready(self) -> bool:
@@ -109,8 +163,10 @@ class InstancePool:
 
     def try_acquire_instance(self, inst) -> bool:
         """Take room for one more batch on this very instance (the sequence batcher binds a
-        sequence to one); False when it is full or not alive."""
-        if not inst.alive or self._load[inst] >= self._depth[inst] or not self._fits(inst):
+        sequence to one, which may be retiring); False when it is full, not alive, or
+        forgotten."""
+        load = self._load.get(inst)
+        if load is None or not inst.alive or load >= self._depth[inst] or not self._fits(inst):
             return False
         self._take(inst)
         return True
@@ -153,6 +209,10 @@ class InstancePool:
     def release(self, inst, timings=None) -> None:
         """`inst` finished a batch; `timings` (BatchTimings), when it ran to the end, tell
         how long the model took, and so whether the instance's next batches pipeline."""
+        if inst not in self._load:  # forgotten (its pool closed while the batch ran)
+            self._wake_next()
+            self._notify()
+            return
         if timings is not None:
             self._note_batch_length(inst, timings)
         if self._load[inst] > 0:
@@ -179,6 +239,8 @@ class InstancePool:
 
     def instance_back(self, inst) -> None:
         """A restarted instance takes work again; its old batches all failed."""
+        if inst not in self._load:
+            return
         self._load[inst] = 0
         if self._limiter is not None:
             self._limiter.drop_held(inst)
@@ -206,7 +268,7 @@ class InstancePool:
     def close(self) -> None:
         self._closed = True
         if self._limiter is not None:
-            for inst in self.instances:
+            for inst in self.instances + list(self.retiring):
                 self._limiter.remove(inst)
         self.wake_all()
 

@@ -32,9 +32,22 @@ class Supervisor:
             if not inst.alive:  # died between its start and now, before anyone watched
                 self.instance_exited(inst)
 
+    def watch_instance(self, pool, inst) -> None:
+        """An instance added to a serving pool (an instance group update)."""
+        self._pools[inst] = pool
+        if self.hang_timeout > 0:
+            inst.detect_hangs(self.hang_timeout)
+        if not inst.alive:
+            self.instance_exited(inst)
+
+    def forget_instance(self, inst) -> None:
+        """An instance removed from its pool is being stopped: it is not restarted."""
+        self._pools.pop(inst, None)
+
     def forget(self, pool) -> None:
-        """The pool's version is being unloaded: its instances are no longer restarted."""
-        for inst in pool.instances:
+        """The pool's version is being unloaded: its instances (those retiring too) are no
+        longer restarted."""
+        for inst in [*pool.instances, *getattr(pool, "retiring", ())]:
             if self._pools.get(inst) is pool:
                 del self._pools[inst]
 

@@ -6,7 +6,9 @@ readable reason; the rest of the repository loads regardless.
 Loading a model that is already loaded (a reload) brings the new versions up beside the
 serving ones and swaps them into the registry in one step; the versions replaced are handed
 back, for the caller to drain and stop (see manager.py). A version that fails to reload keeps
-its serving predecessor, and a config that fails to read keeps the model as it was.
+its serving predecessor, and a config that fails to read keeps the model as it was. A reload
+whose config changes only the instance groups of a version whose files did not change updates
+that version's instances in place instead (see instances.py).
 """
 
 import asyncio
@@ -27,6 +29,8 @@ from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.repository.autocomplete import complete_model_config
+from shmserve.repository.instances import (config_change_requires_reload, match,
+                                           version_source, wanted_instances)
 from shmserve.repository.scan import select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
@@ -38,6 +42,10 @@ from shmserve.stats import ModelStats, first_response_bounds_ms
 from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve.repository")
+
+# How often an instance removed by an instance group update is checked for what it still
+# holds (batches, open streams, sequences) before it is stopped.
+_RETIRE_POLL_S = 0.02
 
 
 def gpu_count() -> int:
@@ -72,6 +80,7 @@ def visible_gpus(physical: int, cuda_visible_devices: str | None) -> int:
 class Loader:
     def __init__(self, registry: reg.Registry, repositories: list[str], *, config_name=None,
                  on_instance_exit=None, on_pool_ready=None, on_pool_stopped=None,
+                 on_instance_added=None, on_instance_removed=None,
                  disable_auto_complete=False, load_retries: int = 0,
                  summary_quantiles: tuple = (), rate_limiter=None,
                  worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None,
@@ -85,7 +94,9 @@ class Loader:
         `front_spin`: the front's polling around batches (a FrontSpin), or None;
         `pipeline_below_us`: how short an instance's batches must be for it to be sent the
         next while it runs one (--pipeline-below-us); `gpu_metric_labels`: whether the
-        metrics count GPU instances' work under their GPU's `gpu_uuid` (GPU metrics on)."""
+        metrics count GPU instances' work under their GPU's `gpu_uuid` (GPU metrics on).
+        `on_instance_added(pool, instance)` and `on_instance_removed(instance)`: an instance
+        group update added an instance to a serving pool, or is stopping one it removed."""
         self._gpu_metric_labels = gpu_metric_labels
         self._rate_limiter = rate_limiter
         self._pipeline_below_us = pipeline_below_us
@@ -99,6 +110,10 @@ class Loader:
         self._on_instance_exit = on_instance_exit
         self._on_pool_ready = on_pool_ready
         self._on_pool_stopped = on_pool_stopped
+        self._on_instance_added = on_instance_added
+        self._on_instance_removed = on_instance_removed
+        # Instances an update removed, until they are stopped -> the task that stops them.
+        self._retirements: dict = {}
         self._auto_complete = not disable_auto_complete
         self.load_retries = load_retries
         # Runs an ensemble's steps (DataPlane.run_step); set by the server.
@@ -169,20 +184,33 @@ class Loader:
         for v in missing:
             log.warning("model '%s' version %d is requested by its version policy but absent",
                         entry.name, v)
+        updates: dict = {}  # version updated in place -> why it failed, "" if it did not
         if plan is not None:
             loaded = [self._ensemble_version(entry, config, plan, v) for v in to_load]
         else:
-            loaded = await asyncio.gather(*(self._load_version(rec, entry, config, v)
-                                            for v in to_load))
+            jobs, updated = [], {}
+            for v in to_load:
+                source = version_source(entry.path, v, self._config_name)
+                serving = rec.versions.get(v)
+                if _updatable(serving, config, source):
+                    updated[v] = serving
+                    jobs.append(self._update_version(entry, serving, config, source))
+                else:
+                    jobs.append(self._load_version(rec, entry, config, v, source))
+            results = await asyncio.gather(*jobs)
+            loaded = [updated.get(v, result) for v, result in zip(to_load, results)]
+            updates = {v: result for v, result in zip(to_load, results) if v in updated}
             for attempt in range(1, self.load_retries + 1):
-                failed = [i for i, mv in enumerate(loaded) if not mv.ready]
+                failed = [i for i, mv in enumerate(loaded)
+                          if not mv.ready and mv.version not in updates]
                 if not failed:
                     break
                 log.info("model '%s': retrying the load of version(s) %s (%d of %d)",
                          entry.name, ", ".join(str(loaded[i].version) for i in failed),
                          attempt, self.load_retries)
                 again = await asyncio.gather(*(self._load_version(rec, entry, config,
-                                                                  loaded[i].version)
+                                                                  loaded[i].version,
+                                                                  loaded[i].source)
                                                for i in failed))
                 for i, mv in zip(failed, again):
                     loaded[i] = mv
@@ -190,8 +218,14 @@ class Loader:
         if not loaded:
             return (f"at least one version must be available under the version policy of "
                     f"model '{entry.name}'"), retired
-        return _version_failures((mv.version, mv.reason) for mv in loaded
-                                 if not mv.ready), retired
+        failures = []
+        for mv in loaded:
+            if mv.version in updates:
+                if updates[mv.version]:  # it serves on (if it still can) as it was
+                    failures.append((mv.version, updates[mv.version], mv.state))
+            elif not mv.ready:
+                failures.append((mv.version, mv.reason))
+        return _version_failures(failures), retired
 
     async def _read_config(self, entry, config):
         """The model's config as given or read (and auto-completed), not yet validated."""
@@ -248,13 +282,15 @@ class Loader:
                           first_response_bounds_ms=first_response_bounds_ms(config),
                           per_device=self._gpu_metric_labels)
 
-    async def _load_version(self, rec, entry, config, version: int) -> reg.ModelVersion:
+    async def _load_version(self, rec, entry, config, version: int,
+                            source: tuple = ()) -> reg.ModelVersion:
         started = time.monotonic()
         config_json = config_to_json(config)
         mv = reg.ModelVersion(
             name=entry.name, version=version, config=config, config_json=config_json,
             signature=ModelSignature.from_config(config),
-            platform=config.platform or config.backend, stats=self._new_stats(config))
+            platform=config.platform or config.backend, stats=self._new_stats(config),
+            instance_config_json=config_json, source=source)
         # A new version shows as LOADING; a reloaded one keeps serving until the swap.
         rec.versions.setdefault(version, mv)
         try:
@@ -264,26 +300,8 @@ class Loader:
             mv.reason = status_text(exc)
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return mv
-        workers = []
-        for group in config.instance_group:
-            kind = _kind_name(group)
-            gpus = list(group.gpus) if kind == "GPU" else [0]
-            index = 0  # Triton numbers a group's instances across its devices
-            for device in gpus:
-                needs = (needs_of(group, device if kind == "GPU" else 0)
-                         if self._rate_limiter is not None else None)
-                for _ in range(group.count):
-                    worker = WorkerHandle(
-                        model_name=entry.name, model_version=version, model_dir=entry.path,
-                        model_repository=entry.path, model_config=config_json,
-                        instance_name=f"{group.name}_{index}", instance_kind=kind,
-                        device_id=device if kind == "GPU" else 0,
-                        on_exit=self._on_instance_exit, on_server_call=self.server_calls,
-                        spin_us=self._worker_spin_us, front_spin=self._front_spin)
-                    if needs is not None:
-                        self._rate_limiter.add(worker, needs)
-                    workers.append(worker)
-                    index += 1
+        workers = [self._new_worker(entry, version, config_json, want)
+                   for want in wanted_instances(config, _kind_name)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         limiter = self._rate_limiter
@@ -314,6 +332,97 @@ class Loader:
                  len(workers), mv.load_seconds)
         return mv
 
+    def _new_worker(self, entry, version: int, config_json: dict, want) -> WorkerHandle:
+        """The (not yet started) instance `want` (instances.Wanted) of a version."""
+        worker = WorkerHandle(
+            model_name=entry.name, model_version=version, model_dir=entry.path,
+            model_repository=entry.path, model_config=config_json, instance_name=want.name,
+            instance_kind=want.kind, device_id=want.device, on_exit=self._on_instance_exit,
+            on_server_call=self.server_calls, spin_us=self._worker_spin_us,
+            front_spin=self._front_spin)
+        worker.signature = want.signature  # what an instance group update matches it by
+        if self._rate_limiter is not None:
+            needs = needs_of(want.group, want.device)
+            if needs is not None:
+                self._rate_limiter.add(worker, needs)
+        return worker
+
+    async def _update_version(self, entry, mv, config, source: tuple) -> str:
+        """Bring a serving version's instances in line with `config`, which differs from its
+        own in instance groups only: start the instances it lacks, then serve with them and
+        the kept ones, then stop those no longer wanted once they hold nothing. Returns ""
+        or, when new instances failed to start, why (the version then serves as before)."""
+        mv.reason = ""
+        pool = mv.pool
+        wanted = wanted_instances(config, _kind_name)
+        chosen, removed = match(wanted, pool.instances, lambda inst: inst.signature)
+        added = [self._new_worker(entry, mv.version, mv.instance_config_json, want)
+                 for want, inst in zip(wanted, chosen) if inst is None]
+        if added:
+            log.info("model '%s' version %d: starting instance(s) %s", entry.name, mv.version,
+                     ", ".join(w.instance_name for w in added))
+        results = await asyncio.gather(*(w.start() for w in added), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors or mv.state != reg.READY or pool.closed:
+            await asyncio.gather(*(w.stop() for w in added))
+            if self._rate_limiter is not None:
+                for w in added:
+                    self._rate_limiter.remove(w)
+            if not errors:
+                return "unloaded while its instances were being updated"
+            err = errors[0]
+            mv.reason = (status_text(err) if isinstance(err, ServerError)
+                         else f"Internal: {type(err).__name__}: {err}")
+            log.error("model '%s' version %d: its instance update failed, it serves as before: "
+                      "%s", entry.name, mv.version, mv.reason)
+            return mv.reason
+        # As Triton orders its instances: the kept ones as claimed, then the new ones.
+        retired = pool.update([inst for inst in chosen if inst is not None] + added,
+                              limiter=self._rate_limiter)
+        scheduler = mv.scheduler
+        if hasattr(scheduler, "add_instances"):  # the sequence batcher binds slots to them
+            scheduler.add_instances(added)
+            scheduler.retire_instances(retired)
+        for w in added:
+            if self._on_instance_added is not None:
+                self._on_instance_added(pool, w)
+        updated = type(mv.config)()
+        updated.CopyFrom(mv.config)
+        del updated.instance_group[:]
+        updated.instance_group.extend(config.instance_group)
+        mv.config = updated
+        mv.config_json = config_to_json(updated)
+        mv.source = source
+        holds = getattr(scheduler, "holds_sequences", None)
+        waits = []
+        for inst in retired:
+            task = asyncio.ensure_future(self._retire_instance(mv, pool, inst, holds))
+            self._retirements[inst] = task
+            # As in Triton, the load waits for the removed instances, except those that hold
+            # sequences: they stop once their sequences end.
+            if holds is None or not holds(inst):
+                waits.append(task)
+        await asyncio.gather(*waits, return_exceptions=True)
+        log.info("model '%s' version %d: instances updated in place (%d kept, %d added, "
+                 "%d removed)", entry.name, mv.version, len(chosen) - len(added), len(added),
+                 len(retired))
+        return ""
+
+    async def _retire_instance(self, mv, pool, inst, holds_sequences) -> None:
+        """Stop an instance an update removed once it holds nothing (or its pool closed)."""
+        try:
+            while not pool.closed and (pool.busy(inst) or inst.holds_work or (
+                    holds_sequences is not None and holds_sequences(inst))):
+                await asyncio.sleep(_RETIRE_POLL_S)
+            if self._on_instance_removed is not None:
+                self._on_instance_removed(inst)
+            await inst.stop()
+            log.info("model '%s' version %d: instance '%s' removed", mv.name, mv.version,
+                     inst.instance_name)
+        finally:
+            pool.forget(inst)
+            self._retirements.pop(inst, None)
+
     async def stop_versions(self, versions) -> None:
         """Stop the workers of versions that no longer take requests; they become
         UNAVAILABLE, reason "unloaded", as Triton shows unloaded versions."""
@@ -327,6 +436,9 @@ class Loader:
                     self._on_pool_stopped(mv.pool)
                 mv.pool.close()
                 stops.extend(w.stop() for w in mv.pool.instances)
+                # Instances an update removed stop now that their pool is closed.
+                stops.extend(self._retirements[w] for w in mv.pool.retiring
+                             if w in self._retirements)
         await asyncio.gather(*stops)
         for mv in versions:
             mv.state = reg.UNAVAILABLE
@@ -359,6 +471,16 @@ def _install(rec, loaded: list) -> list:
         mv.state = reg.UNLOADING
     rec.versions = new
     return retired
+
+
+def _updatable(serving, config, source: tuple) -> bool:
+    """Whether a reload of the version `serving` (or None) to `config`, its files now being
+    `source`, updates its instances in place rather than loading it anew (as Triton decides
+    in its ModelLifeCycle::AsyncLoad): it serves, is no ensemble, its files are unchanged, and
+    its config differs in instance groups or version policy at most."""
+    return (serving is not None and serving.state == reg.READY and serving.pool is not None
+            and not serving.pool.closed and serving.source == source
+            and not config_change_requires_reload(serving.config, config))
 
 
 def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: int):
@@ -398,6 +520,9 @@ def _policy_versions(config, entry) -> tuple:
 
 
 def _version_failures(failures) -> str:
-    """Why versions failed to load, as Triton's load error lists them: "" when none did."""
-    return "".join(f"version {version} is at UNAVAILABLE state: {reason};"
-                   for version, reason in failures)
+    """Why versions failed to load, as Triton's load error lists them: "" when none did.
+    `failures`: (version, reason) or (version, reason, its state now) (a version whose
+    instance update failed is still READY)."""
+    return "".join(f"version {failure[0]} is at "
+                   f"{failure[2] if len(failure) > 2 else reg.UNAVAILABLE} state: {failure[1]};"
+                   for failure in failures)

@@ -9,7 +9,9 @@ refuses, as in Triton.
 
 A reload never fails a request: the loader brings the new versions up beside the old ones and
 swaps them into the registry in one step; the versions replaced take no new request, finish
-the ones they hold (`stats.inflight`), then stop. Operations on one model are serialized.
+the ones they hold (`stats.inflight`), then stop. A reload that changes only instance groups
+updates the serving versions' instances in place instead (see instances.py). Operations on one
+model are serialized.
 """
 
 import asyncio

@@ -24,6 +24,11 @@ back to its slot, flags cleared, and joins the next batch with whatever else is 
 it ends, its slot frees at once, so a waiting request joins the very next batch (continuous
 batching).
 
+An update of the model's instances (see repository/instances.py) adds slots for the instances
+added; an instance removed keeps the slots whose sequences are still running, so those
+sequences end where they began, and takes no new sequence (as Triton's scheduler update): it
+stops once none is left (`holds_sequences`).
+
 Like the dynamic batcher, everything happens in callbacks on the event loop.
 """
 
@@ -31,6 +36,7 @@ import asyncio
 import bisect
 import collections
 import functools
+import itertools
 import logging
 
 from shmserve.dispatch.pool import batch_error
@@ -78,7 +84,7 @@ class _Slot:
 
     def __init__(self, instance, position: int, index: int):
         self.instance = instance
-        self.position = position  # of the instance in the pool
+        self.position = position  # numbers the instance, in the order the batcher got them
         self.index = index
         self.sequence = None
 
@@ -104,14 +110,15 @@ class SequenceBatcher:
         self._idle_ns = idle_ns
         self._iterative = iterative
         self._timer = timer or LoopTimer()
-        self._instances = list(pool.instances)
-        self._slots = [[_Slot(inst, pos, i) for i in range(slots_per_instance)]
-                       for pos, inst in enumerate(self._instances)]
-        # Batches each instance is running. An iterative model's instance runs one at a time:
-        # a request that arrives during a step joins the next one with the rescheduled
-        # requests, rather than run beside them in a batch of its own.
-        self._busy = [0] * len(self._instances)
+        self._slots_per_instance = slots_per_instance
+        self._positions = itertools.count()
+        self._slots = [self._new_slots(inst) for inst in pool.instances]
+        # Batches each instance (by position) is running. An iterative model's instance runs
+        # one at a time: a request that arrives during a step joins the next one with the
+        # rescheduled requests, rather than run beside them in a batch of its own.
+        self._busy = collections.Counter()
         self._free = sorted((s for slots in self._slots for s in slots), key=lambda s: s.order)
+        self._retiring: set = set()  # instances removed that still hold sequences
         self._sequences: dict = {}  # correlation id -> _Sequence that requests may still join
         self._live: set = set()  # every _Sequence that has not ended, joinable or not
         self._backlog: collections.deque = collections.deque()  # of _Sequence without a slot
@@ -218,6 +225,46 @@ class SequenceBatcher:
 
     # -- slots ----------------------------------------------------------------------------
 
+    def _new_slots(self, inst) -> list:
+        position = next(self._positions)
+        return [_Slot(inst, position, i) for i in range(self._slots_per_instance)]
+
+    # -- instances added and removed while serving ------------------------------------------
+
+    def add_instances(self, instances) -> None:
+        """Slots for instances the pool serves with from now on; backlog sequences take them."""
+        for inst in instances:
+            slots = self._new_slots(inst)
+            self._slots.append(slots)
+            for slot in slots:
+                bisect.insort(self._free, slot, key=lambda s: s.order)
+        self._schedule()
+
+    def retire_instances(self, instances) -> None:
+        """The instances take no new sequence; those they hold go on until they end."""
+        gone = set(instances)
+        self._free = [slot for slot in self._free if slot.instance not in gone]
+        self._retiring |= gone
+        for inst in gone:
+            self._drop_if_unused(inst)
+
+    def holds_sequences(self, inst) -> bool:
+        """Whether a sequence is bound to one of the instance's slots."""
+        for slots in self._slots:
+            if slots[0].instance is inst:
+                return any(slot.sequence is not None for slot in slots)
+        return False
+
+    def _drop_if_unused(self, inst) -> None:
+        """A retiring instance's slots go once no sequence holds any of them."""
+        for k, slots in enumerate(self._slots):
+            if slots[0].instance is inst:
+                if all(slot.sequence is None for slot in slots):
+                    # A new list: _schedule may be walking the old one.
+                    self._slots = self._slots[:k] + self._slots[k + 1:]
+                    self._retiring.discard(inst)
+                return
+
     def _take_free_slot(self):
         for i, slot in enumerate(self._free):
             if slot.instance.alive:
@@ -246,7 +293,9 @@ class SequenceBatcher:
             self._backlog.remove(sequence)
             return
         slot.sequence = sequence.slot = None
-        if self._backlog:
+        if slot.instance in self._retiring:
+            self._drop_if_unused(slot.instance)
+        elif self._backlog:
             _bind(self._backlog.popleft(), slot)
         else:
             bisect.insort(self._free, slot, key=lambda s: s.order)

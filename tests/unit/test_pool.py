@@ -198,3 +198,59 @@ def test_a_busy_instance_takes_a_batch_no_smaller_than_its_latest():
         pool.release(a)
         assert pool.try_acquire(1, can_grow=True) is a  # idle: any size
     run(go())
+
+
+def test_update_adds_instances_and_retires_others_once_their_batches_end():
+    """An instance group update: the new instance takes work at once, the retired one none,
+    though the batch it holds runs on until it is released."""
+    async def go():
+        a, b, c = FakeInstance("a"), FakeInstance("b"), FakeInstance("c")
+        pool = InstancePool([a, b], depth=1)
+        assert await pool.acquire() is a
+        assert pool.update([b, c]) == [a]
+        assert pool.instances == [b, c] and pool.retiring == {a}
+        assert pool.busy(a) and pool.all_alive
+        assert {await pool.acquire(), await pool.acquire()} == {b, c}
+        assert pool.try_acquire() is None  # a has no room for anyone any more
+        pool.release(a)
+        assert not pool.busy(a)
+        pool.forget(a)
+        assert pool.retiring == set()
+        pool.release(a)  # a release that comes after it is forgotten changes nothing
+        assert not pool.try_acquire_instance(a)
+        pool.release(b)
+        assert pool.try_acquire() is b
+    run(go())
+
+
+def test_added_instances_hold_one_batch_when_the_scheduler_asked_so():
+    async def go():
+        a, c = FakeInstance("a"), FakeInstance("c")
+        pool = InstancePool([a], depth=2)
+        pool.hold_one_batch()
+        pool.update([a, c])
+        assert pool.try_acquire_instance(c)
+        assert not pool.try_acquire_instance(c)
+    run(go())
+
+
+def test_an_added_instance_that_the_rate_limiter_limits_makes_the_pool_obey_it():
+    from shmserve.dispatch.rate_limiter import Needs, RateLimiter
+    async def go():
+        limiter = RateLimiter()
+        needs = Needs(((("R", 0), 1),), 1)
+        a, c, d = FakeInstance("a"), FakeInstance("c"), FakeInstance("d")
+        limiter.add(d, needs)
+        other = InstancePool([d], limiter=limiter)
+        pool = InstancePool([a])  # built without the limiter: nothing of it was limited
+        limiter.add(c, needs)
+        pool.update([a, c], limiter=limiter)
+        assert pool.try_acquire_instance(c)
+        assert other.try_acquire() is None  # c holds the one copy of R
+        pool.release(c)
+        assert other.try_acquire() is d
+        other.release(d)
+        pool.update([a])
+        pool.forget(c)
+        assert not limiter.limits(c)
+    run(go())

@@ -327,3 +327,58 @@ def test_an_iterative_instance_runs_one_step_at_a_time_so_new_requests_join_the_
         await running
         await joining
     run(main())
+
+
+def test_an_added_instance_gives_a_backlog_sequence_its_slot():
+    async def main():
+        h = Harness(slots=1)
+        h.submit(1, START)
+        waiting = h.submit(2, START)  # no slot: backlog
+        await settle()
+        added = SlotInstance("added")
+        h.pool.update([h.inst, added])
+        h.batcher.add_instances([added])
+        await settle()
+        assert added.seen == [[(2, 0, True, START)]]
+        added.finish()
+        await waiting
+    run(main())
+
+
+def test_a_retired_instance_keeps_its_sequences_until_they_end_and_takes_no_new_one():
+    async def main():
+        h = Harness(instances=2, slots=2)
+        old, kept = h.instances
+        first = h.submit(1, START)  # old, slot 0
+        await settle()
+        old.finish()
+        await first
+        h.batcher.retire_instances(h.pool.update([kept]))
+        assert h.batcher.holds_sequences(old) and not h.batcher.holds_sequences(kept)
+        # old's free slot is gone: new sequences go to kept, then wait.
+        h.submit(2, START)
+        h.submit(3, START)
+        waiting = h.submit(4, START)
+        following = h.submit(1)
+        await settle()
+        assert old.seen[1] == [(1, 0, True, 0)]  # sequence 1 goes on where it began
+        assert kept.seen == [[(2, 0, True, START), (3, 1, True, START)]]
+        old.finish()
+        await following
+        end = h.submit(1, END)
+        await settle()
+        assert old.seen[2] == [(1, 0, True, END)]
+        assert not h.batcher.holds_sequences(old)  # its last sequence ended: it may stop
+        old.finish()
+        await end
+        await settle()
+        assert len(old.seen) == 3 and not waiting.done()  # its slot went with it
+        kept.finish()
+        h.submit(2, END)
+        await settle()
+        kept.finish()
+        await settle()
+        assert kept.seen[-1][0] == (4, 0, True, START)  # sequence 2's slot
+        kept.finish()
+        await waiting
+    run(main())
