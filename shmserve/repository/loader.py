@@ -477,8 +477,9 @@ def _updatable(serving, config, source: tuple) -> bool:
     """Whether a reload of the version `serving` (or None) to `config`, its files now being
     `source`, updates its instances in place rather than loading it anew (as Triton decides
     in its ModelLifeCycle::AsyncLoad): it serves, is no ensemble, its files are unchanged, and
-    its config differs in instance groups or version policy at most."""
-    return (serving is not None and serving.state == reg.READY and serving.pool is not None
+    its config differs in instance groups or version policy at most. A version none of whose
+    instances runs (all died, and are being restarted) loads anew."""
+    return (serving is not None and serving.ready and serving.pool is not None
             and not serving.pool.closed and serving.source == source
             and not config_change_requires_reload(serving.config, config))
 
