@@ -26,7 +26,7 @@ from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.repository.autocomplete import complete_model_config
+from shmserve.repository.autocomplete import complete_model_config, fill_backend_fields
 from shmserve.repository.scan import select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
@@ -199,6 +199,7 @@ class Loader:
             # Without auto-complete, Triton requires every model to have a config file.
             config = read_model_config(entry.path, self._config_name,
                                        autofill=self._auto_complete)
+        fill_backend_fields(config, entry.path)
         if self._auto_complete:
             config = await complete_model_config(entry, config)
         return config
