@@ -708,8 +708,11 @@ class WorkerHandle:
                       proc.pid, code, extra=self._log_context)
         self._resolve_bye()
         if self._ready is not None and not self._ready.done():
-            self._ready.set_result(f"model instance '{self.instance_name}' exited with {code} "
-                                   f"while loading (see the server log)")
+            # Triton's words for a stub that died before it was ready (its tests look for
+            # them), then how it ended.
+            self._ready.set_result(f"Stub process '{self.instance_name}' is not healthy. "
+                                   f"(model instance '{self.instance_name}' exited with "
+                                   f"{code} while loading; see the server log)")
         self._fail_pending(f"exited with {code}")
         if unexpected and self._on_exit is not None:
             self._on_exit(self)

@@ -373,10 +373,10 @@ def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: 
 
 def _run_gpu_groups_on_cpu(config, model_name: str) -> None:
     """With no GPU on the machine, GPU instance groups run on the CPU rather than fail
-    (Triton refuses the model; running it is more useful, and the log says so)."""
+    (Triton refuses the model; running it is more useful, and the log warns)."""
     for group in config.instance_group:
         if _kind_name(group) == "GPU":
-            log.info("model '%s': instance group '%s' asks for a GPU but none exists; "
+            log.warning("model '%s': instance group '%s' asks for a GPU but none exists; "
                      "running it on the CPU", model_name, group.name or "(unnamed)")
             group.kind = proto.ModelInstanceGroup.KIND_CPU
             del group.gpus[:]
