@@ -80,6 +80,7 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.live = False
         self.accepting = False  # false before load and while draining
+        self.stopping = False  # a stop began: not ready, though open connections are served
         self.max_tensor_byte_size = max_tensor_byte_size
         # 0 means unbounded (as Triton): stored as a number no queue reaches, so that the
         # hot path pays one integer compare either way.
@@ -109,7 +110,7 @@ class DataPlane:
         return self.live
 
     def server_ready(self) -> bool:
-        if not (self.live and self.accepting):
+        if not (self.live and self.accepting) or self.stopping:
             return False
         return self.registry.all_ready() if self.strict_readiness else True
 

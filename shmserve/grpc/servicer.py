@@ -317,6 +317,8 @@ class _Stream:
         try:
             async for wire in request_iterator:
                 named, request, error = self._read_request(wire)
+                if error is None and self._call is not None and self._call.conn.server.stopping:
+                    error = ServerError(Code.UNAVAILABLE, transport.SHUTTING_DOWN)
                 await self._room.acquire()
                 if len(self._tasks) >= self._max_inflight:
                     self._in_order.append(_rejected(named, self._max_inflight))
