@@ -105,6 +105,8 @@ def main(argv: list) -> int:
         arena = CallArena(Segment.attach(init.bls_arena), init.inline_threshold)
     reader = FrameReader(channel, regions, arena)
     pb_utils._set_server_calls(reader)
+    from workers.forked_calls import follow_forks
+    follow_forks(reader, channel, pb_utils._set_server_calls)
     state_arena = None
     try:
         if init.state_arena:
