@@ -14,7 +14,7 @@ from shmserve.repository.loader import gpu_count
 from tests.conftest import start_server, stop_server, wait_for_models
 
 MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser", "request_probe",
-          "identity_fp32")
+          "identity_fp32", "params_echo")
 X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 Y = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
 
@@ -59,6 +59,11 @@ def test_async_exec_runs_calls_at_once_and_keeps_only_the_requested_outputs(clie
     assert result.as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
     assert result.as_numpy("OUTPUT1").tolist() == (Y + X).tolist()
     assert text(result) == ["OUTPUT0"]
+
+
+def test_a_bls_response_carries_the_parameters_the_model_gave_it(clients):
+    result = probe(clients, "grpc", "params", X)
+    assert json.loads(text(result)[0]) == {"k": "v", "n": 3, "b": True}
 
 
 def test_processes_a_model_forks_call_the_server_too(server, clients):

@@ -172,3 +172,18 @@ def test_a_gpu_group_without_a_gpu_runs_on_the_cpu_with_a_warning(test_repositor
         assert warning and warning[0].startswith("W")
     finally:
         stop_server(srv)
+
+
+def test_response_parameters_a_model_sets_reach_the_client(clients):
+    """InferenceResponse(..., parameters={...}) (Triton 2.55) over both protocols."""
+    sent = {"reply_s": "x", "reply_n": 7, "reply_b": True}
+    for protocol, mod in MODULES.items():
+        t = mod.InferInput("INPUT0", [1], "INT32")
+        t.set_data_from_numpy(np.array([1], np.int32))
+        result = clients[protocol].infer("params_echo", [t], parameters=sent)
+        if protocol == "http":
+            assert result.get_response()["parameters"] == {"s": "x", "n": 7, "b": True}
+        else:
+            params = result.get_response().parameters
+            assert (params["s"].string_param, params["n"].int64_param,
+                    params["b"].bool_param) == ("x", 7, True)

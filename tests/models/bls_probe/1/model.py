@@ -169,6 +169,12 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse([
                 _floats("OUTPUT0", np.concatenate([added for added, _ in results])),
                 _floats("OUTPUT1", [total for _, total in results])])
+        if mode == "params":  # params_echo with reply_ parameters: its response's parameters()
+            response = pb_utils.InferenceRequest(
+                model_name="params_echo", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", x.astype(np.int32))],
+                parameters={"reply_k": "v", "reply_n": 3, "reply_b": True}).exec()
+            return pb_utils.InferenceResponse([_text(response.parameters())])
         if mode == "init":
             return pb_utils.InferenceResponse([_text(self._ready_while_loading)])
         if mode == "control":  # the model named by the request parameter "target"
