@@ -236,7 +236,7 @@ def test_second_signal_stops_waiting(launch, tmp_path):
     sleeper, pending = _sleep_in_flight(server, 60.0, str(tmp_path / "started"))
     try:
         server.process.send_signal(signal.SIGINT)
-        _wait_for(lambda: _status(server, "/v2/health/ready") == 400, "readiness to go false")
+        _wait_for(lambda: _refused(server), "the HTTP port to close")
         time.sleep(0.5)
         assert server.process.poll() is None  # still waiting for the request
         started = time.monotonic()
