@@ -25,6 +25,7 @@ MS = 1_000_000  # ns
 class FakeRegistry:
     def __init__(self, *versions):
         self._versions = versions
+        self.metric_families = {}
 
     def all_versions(self):
         return list(self._versions)
@@ -300,7 +301,7 @@ def test_custom_metrics_add_up_across_instances_and_a_gauge_shows_its_latest_set
     assert samples[("requests", (("kind", "b"),))] == 1.0
     assert samples[("depth", ())] == 7.0  # set last (t=12) by the second instance
     buckets = {labels: v for (name, labels), v in samples.items() if name == "latency_bucket"}
-    assert buckets == {(("le", "0.1"),): 1.0, (("le", "1.0"),): 2.0, (("le", "+Inf"),): 3.0}
+    assert buckets == {(("le", "0.1"),): 1.0, (("le", "1"),): 2.0, (("le", "+Inf"),): 3.0}
     assert samples[("latency_count", ())] == 3.0
     assert samples[("latency_sum", ())] == pytest.approx(2.55)
     # The reports were not changed by adding them up.
