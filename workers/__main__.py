@@ -139,7 +139,7 @@ def main(argv: list) -> int:
     uuid = cuda.gpu_uuid(init.device_id) if init.instance_kind == "GPU" else ""
     channel.send(messages.Ready("", runner.has_readiness_hook, uuid))
     from workers import metrics_report
-    metrics_report.start(channel)
+    metrics_report.start(channel, init.metrics_fd)
     try:
         loop.run()
     except Exception:

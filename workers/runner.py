@@ -214,7 +214,7 @@ class ModelRunner:
         # The messages of these failures are Triton's Python backend's: the exception, then
         # the model's frames (none for an error found outside them).
         try:
-            module = import_model(self._model_dir, version, stem)
+            module = import_model(self._model_dir, version, stem, self._instance_name)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
             raise RunnerError(_describe(exc)) from exc
@@ -481,12 +481,12 @@ class ModelRunner:
         )
 
 
-def import_model(model_dir: str, version: str, stem: str):
+def import_model(model_dir: str, version: str, stem: str, instance_name: str = ""):
     """The module `<model_dir>/<version>/<stem>.py`, imported as Triton's Python backend
     imports it: our pb_utils as `triton_python_backend_utils`, the version folder and the
     model folder on sys.path."""
     version_dir = os.path.join(model_dir, version)
-    pb_utils._set_model_context(model_dir=version_dir)
+    pb_utils._set_model_context(model_dir=version_dir, instance_name=instance_name)
     sys.modules["triton_python_backend_utils"] = pb_utils
     for entry in (version_dir, model_dir):
         if entry not in sys.path:
