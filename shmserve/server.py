@@ -20,6 +20,7 @@ from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
+from shmserve.dispatch.watchdog import SegmentWatchdog
 from shmserve.grpc import transport as grpc_transport
 from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
@@ -176,11 +177,14 @@ class Server:
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
         self._collector = Collector()
+        # Unlinks this process's shared memory if it is killed (see dispatch/watchdog.py).
+        self._watchdog = SegmentWatchdog()
 
     async def start(self) -> None:
         removed = shm.sweep_dead_segments()
         if removed:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
+        await self._watchdog.start()  # before any segment is made
         self.dataplane.live = True
         await self.models.start()
         failures = self.models.startup_failures()
@@ -294,6 +298,7 @@ class Server:
         self._http = None
         self.shared_memory.unregister_all()
         await self.models.stop()
+        await self._watchdog.stop()  # every segment is unlinked by now
         await asyncio.get_running_loop().run_in_executor(None, self.dataplane.tracer.close)
         self.dataplane.live = False
         self._collector.stop()

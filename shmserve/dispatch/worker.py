@@ -268,7 +268,9 @@ class WorkerHandle:
         try:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
-                *worker_command("workers", str(child.fileno()), str(self._spin_us)),
+                # The front's pid: the worker cleans up after a front that was killed.
+                *worker_command("workers", str(child.fileno()), str(self._spin_us),
+                                str(os.getpid())),
                 pass_fds=(child.fileno(), self._table.wake_fd, lent_fd, self._metrics_fd),
                 stdin=stdin, stdout=stdout, stderr=stderr, env=worker_env())
             await worker_log.started(self._process.pid)

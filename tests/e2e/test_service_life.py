@@ -366,10 +366,12 @@ def test_front_nice_moves_the_front_only_and_the_workers_keep_the_starting_value
     started = os.getpriority(os.PRIO_PROCESS, 0)
     srv = launch("--front-nice", str(started - 5))
     assert _nice(srv.process.pid) == started - 5
-    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.process.pid)],
-                                              capture_output=True, text=True).stdout.split()]
-    threads = [(w, t) for w in workers for t in os.listdir(f"/proc/{w}/task")]
-    assert len(workers) == 2 and len(threads) > 2  # every thread: numpy's and the log's too
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.process.pid)],
+                                               capture_output=True, text=True).stdout.split()]
+    # the two workers, and the shared-memory watchdog
+    assert len(srv.workers()) == 2 and len(children) == 3
+    threads = [(w, t) for w in children for t in os.listdir(f"/proc/{w}/task")]
+    assert len(threads) > 3  # every thread: numpy's and the log's too
     assert {_nice_of(w, t) for w, t in threads} == {started}
     with httpclient.InferenceServerClient(srv.http_url) as client:  # it still serves
         assert client.infer("life_sleep", _sleep_inputs(0.0)) is not None
