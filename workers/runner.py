@@ -388,14 +388,15 @@ class ModelRunner:
                 pb_request._sender._close()
         for index, pb_request, sent in batch:
             request = requests[index]
-            if failure is not None and not sent.final:
+            if failure is not None and sent.response is None:
                 results[index] = self._internal_error(failure)
             elif failure is not None:
-                # Its response was complete when execute failed (a second send, a response
+                # Its response was sent when execute failed (a second send, a response
                 # returned after it): Triton has delivered it, and only logs the failure.
                 _log.error("model instance '%s' failed after answering request '%s': %s",
                            self._instance_name, request.request_id, failure)
-                results[index] = self._collect(request, pb_request, sent)
+                results[index] = _runner_response(sent.response, pb_request._requested_output_names,
+                                                  self._sequence, request)
             elif sent.response is None and self.iterative and self._reschedules(pb_request):
                 request.rescheduled = True
                 results[index] = RunnerResponse([], None, {})

@@ -187,3 +187,15 @@ def test_response_parameters_a_model_sets_reach_the_client(clients):
             params = result.get_response().parameters
             assert (params["s"].string_param, params["n"].int64_param,
                     params["b"].bool_param) == ("x", 7, True)
+
+
+@pytest.mark.parametrize("misuse", ["twice", "returned"])
+def test_a_sent_response_is_delivered_though_execute_fails_after_it(clients, server, misuse):
+    """Triton delivers the response a non-decoupled model sent, and drops (and logs) the
+    failure of a second send or of a response returned after the final flag."""
+    for protocol, mod in MODULES.items():
+        t = mod.InferInput("INPUT0", [2], "FP32")
+        t.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        result = clients[protocol].infer("sender_misuse", [t], parameters={"misuse": misuse})
+        assert result.as_numpy("OUTPUT0").tolist() == [1.0, 2.0]
+    assert "failed after answering request" in server.log()
