@@ -122,6 +122,8 @@ KNOWN = {
     "generate reserved parameters": "shmserve gives priority, timeout and binary_data_output their meaning "
                                     "in generate too, and keeps them from the model; Triton 2.51's generate "
                                     "passes them to the model as any other parameter",
+    "types output listed twice": "Triton since 2.69 refuses an output requested twice ('output ... already "
+                                 "exists in request'); Triton 2.51 answers it once",
     "HEAD live": "shmserve answers HEAD wherever GET is allowed (RFC 9110); Triton 2.51: 405",
     "logging bad format": "the same message; Triton 2.51 answers 503 (UNAVAILABLE), shmserve 400",
     "metadata, name percent-encoded": "tritonclient percent-encodes model names in URLs and shmserve decodes "
