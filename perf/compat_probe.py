@@ -1,6 +1,7 @@
 """Same requests, same answers? Sends one battery of requests to the real Triton (the anchors)
-and to shmserve, both serving a copy of perf/triton_repo (and model_repository/textgen) at once,
-and prints every answer that differs.
+and to shmserve, both serving a copy of perf/triton_repo (and model_repository/textgen,
+tests/models/params_echo and tests/models/keyword_inputs) at once, and prints every answer that
+differs.
 
     .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
 
@@ -9,7 +10,8 @@ message, or the reply), every datatype in and out over both protocols (all_types
 endpoints asked other ways, a model using many config fields (config_features),
 ModelStreamInfer streams, sequences over HTTP, the faults of Python models (model_faults,
 stream_faults), failed BLS calls (bls_faults), BLS calls from a decoupled model (bls_stream),
-ensembles and a faulty step (ens_faults), system shared memory over both protocols, the
+ensembles and a faulty step (ens_faults), generate bodies with a key twice and Triton's
+generate errors (generate_key_cases), system shared memory over both protocols, the
 response headers a client reads, the metadata and config of every model, the repository
 index, and the metric families (names, types and label keys; not values). After each request
 and stream of the battery, what it added to each model's statistics counts and request
@@ -24,6 +26,7 @@ other difference makes the exit status 1.
 import argparse
 import base64
 import contextlib
+import gzip
 import os
 import shutil
 import socket
@@ -108,6 +111,19 @@ KNOWN = {
     "stream identity triton_grpc_error": "as 'stream triton_grpc_error'",
     "textgen generate_stream no text": "as 'features required input missing' (the model itself says "
                                        "'text_input' is required, as an event)",
+    **{f"generate{case}": "the model reads the same parameters: Triton hands a Python model every setting of a "
+                          "key given twice ('{\"p\":1,\"p\":1}', the first value each time; at both levels "
+                          "'{\"p\":1,\"p\":2}'), shmserve each key once, with the value json.loads takes from "
+                          "Triton's (the first at its level, the last set)"
+       for case in (" parameter twice", " parameter twice, the second bad", " parameter at both levels",
+                    " parameters twice", " id twice")},
+    "generate triton_ parameter": "the reference refuses triton_ parameters over HTTP (400); Triton 2.51's "
+                                  "generate passes them to the model",
+    "generate reserved parameters": "shmserve gives priority, timeout and binary_data_output their meaning "
+                                    "in generate too, and keeps them from the model; Triton 2.51's generate "
+                                    "passes them to the model as any other parameter",
+    "types output listed twice": "Triton since 2.69 refuses an output requested twice ('output ... already "
+                                 "exists in request'); Triton 2.51 answers it once",
     "HEAD live": "shmserve answers HEAD wherever GET is allowed (RFC 9110); Triton 2.51: 405",
     "logging bad format": "the same message; Triton 2.51 answers 503 (UNAVAILABLE), shmserve 400",
     "metadata, name percent-encoded": "tritonclient percent-encodes model names in URLs and shmserve decodes "
@@ -125,7 +141,9 @@ REWORDED = (
 )
 # Triton answers 500 where the reference asks for 400 (malformed JSON, bad parameters): only
 # the status and message differ, and those cases are recognised by this pattern of its answer.
-TRITON_PARSE_500 = re.compile(r"^(Unable to parse|failed to parse the request JSON buffer|attempt to access JSON)")
+TRITON_PARSE_500 = re.compile(r"^(Converting keyword: '[^']*': )?(Unable to parse|failed to parse the request JSON "
+                              r"buffer|attempt to access JSON|attempt to get members for non-object|Expected JSON "
+                              r"object for keyword)")
 
 
 def http_call(port, method, path, body=None, headers=None, timeout=10):
@@ -617,7 +635,62 @@ def http_cases():
            for mode in (1, 3, 4, 5, 11)},
         "generate_stream model fault 1": ("POST", "/v2/models/model_faults/generate_stream", {"MODE": [1]}),
     })
+    cases.update(generate_key_cases())
     return cases
+
+
+def generate_key_cases():
+    """generate bodies with a key twice (as bytes: a dict cannot hold one), the keys "id" and
+    "parameters", and the errors whose texts are Triton's; on params_echo and keyword_inputs
+    of tests/models/ (tests/e2e/test_generate.py asserts the same answers)."""
+    echo, keys = "/v2/models/params_echo/generate", "/v2/models/keyword_inputs/generate"
+    echo_stream = "/v2/models/params_echo/generate_stream"
+    gzipped = gzip.compress(b'{"INPUT0":[1]}')
+    return {f"generate{name if name[0] == '_' else ' ' + name}": ("POST", *case)
+            for name, case in {
+        "input twice": (echo, b'{"INPUT0":[1],"INPUT0":[2]}'),
+        "input twice with an id": (echo, b'{"id":"r1","INPUT0":[1],"INPUT0":[2]}'),
+        "input twice, escaped": (echo, b'{"INPUT0":[1],"INPUT\\u0030":[2]}'),
+        "input twice, the second bad": (echo, b'{"INPUT0":[1],"INPUT0":"x"}'),
+        "input at both levels": (echo, b'{"INPUT0":[1],"parameters":{"INPUT0":[2]}}'),
+        "input twice in parameters": (echo, b'{"parameters":{"INPUT0":[1],"INPUT0":[2]}}'),
+        "input in parameters, then at the top": (echo, b'{"parameters":{"INPUT0":[1]},"INPUT0":[2]}'),
+        "parameters twice with an input": (echo, b'{"parameters":{"INPUT0":[1]},"parameters":{"b":2}}'),
+        "_stream input twice": (echo_stream, b'{"INPUT0":[1],"INPUT0":[2]}'),
+        "_stream textgen input twice": ("/v2/models/textgen/generate_stream",
+                                        b'{"text_input":"a","text_input":"b","max_tokens":1}'),
+        "unknown model, input twice": ("/v2/models/nope/generate", b'{"INPUT0":[1],"INPUT0":[2]}'),
+        "parameter twice": (echo, b'{"INPUT0":[1],"p":1,"p":2}'),
+        "parameter twice, the second bad": (echo, b'{"INPUT0":[1],"p":1,"p":[2]}'),
+        "parameter twice, the first bad": (echo, b'{"INPUT0":[1],"p":[1],"p":2}'),
+        "parameter at both levels": (echo, b'{"INPUT0":[1],"p":1,"parameters":{"p":2}}'),
+        "parameters twice": (echo, b'{"INPUT0":[1],"parameters":{"a":1},"parameters":{"b":2}}'),
+        "parameters twice, the first no object": (echo, b'{"INPUT0":[1],"parameters":3,"parameters":{}}'),
+        "id twice": (echo, b'{"id":"a","id":5,"INPUT0":[1]}'),
+        "id twice, the first no string": (echo, b'{"id":5,"id":"a","INPUT0":[1]}'),
+        "id": (echo, b'{"INPUT0":[1],"id":"q"}'),
+        "id in parameters": (echo, b'{"INPUT0":[1],"parameters":{"id":"n"}}'),
+        "id as an input": (keys, b'{"id":"abc","X":[1]}'),
+        "input named parameters": (keys, b'{"parameters":[1,2]}'),
+        "input named parameters, an object": (keys, b'{"parameters":{"X":[1]}}'),
+        "parameter of another type": (echo, b'{"INPUT0":[1],"p":[1,2]}'),
+        "parameter of another type in parameters": (echo, b'{"INPUT0":[1],"parameters":{"p":null}}'),
+        "parameters no object": (echo, b'{"INPUT0":[1],"parameters":[1]}'),
+        "parameters null": (echo, b'{"INPUT0":[1],"parameters":null}'),
+        "error in parameters": ("/v2/models/textgen/generate_stream",
+                                b'{"parameters":{"text_input":["a","b"]}}'),
+        "body no object": (echo, b'[1]'),
+        "_stream body no object": (echo_stream, b'null'),
+        "missing input": (echo, b'{"p":1}'),
+        "value of another type": (echo, b'{"INPUT0":"x"}'),
+        "triton_ parameter": (echo, b'{"INPUT0":[1],"triton_x":1}'),
+        "reserved parameters": (echo, b'{"INPUT0":[1],"priority":1,"timeout":5000000,"binary_data_output":true}'),
+        "gzip": (echo, gzipped, {"Content-Encoding": "gzip"}),
+        "_stream gzip": (echo_stream, gzipped, {"Content-Encoding": "gzip"}),
+        "unknown model, gzip": ("/v2/models/nope/generate", gzipped, {"Content-Encoding": "gzip"}),
+        "Identity encoding": (echo, b'{"INPUT0":[1]}', {"Content-Encoding": "Identity"}),
+        "identity encoding": (echo, b'{"INPUT0":[1]}', {"Content-Encoding": "identity"}),
+    }.items()}
 
 
 def raw_exchange(port, data: bytes, responses: int):
@@ -1405,11 +1478,15 @@ def main() -> int:
     args = ap.parse_args()
     log_dir = PERF_DIR / "results" / time.strftime("compat-%Y%m%d-%H%M%S")
     log_dir.mkdir(parents=True)
-    # triton_repo, and the streaming text model of model_repository/.
+    # triton_repo, the streaming text model of model_repository/, and the test models that
+    # show what generate makes of a body's keys.
     repo = log_dir / "repo"
     shutil.copytree(PERF_DIR / "triton_repo", repo, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO_ROOT / "model_repository" / "textgen", repo / "textgen",
                     ignore=shutil.ignore_patterns("__pycache__", "corpus.txt", "train.py"))
+    for name in ("params_echo", "keyword_inputs"):
+        shutil.copytree(REPO_ROOT / "tests" / "models" / name, repo / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     segments_before = set(os.listdir("/dev/shm"))
     triton = TritonServer(args.anchors, anchors_env(args.anchors), repo, log_dir / "triton.log")
     shmserve = ShmServer(repo, tuple(args.shmserve_ports), log_dir / "shmserve.log")

@@ -19,7 +19,7 @@ from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerEr
 from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
                                 StreamedResponse)
 from shmserve.ipc import datatypes
-from shmserve.registry import Registry
+from shmserve.registry import READY, Registry
 from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
 from shmserve.shared_memory import RegionSlice, SharedMemoryManager
@@ -80,6 +80,7 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.live = False
         self.accepting = False  # false before load and while draining
+        self.stopping = False  # a stop began: not ready, though open connections are served
         self.max_tensor_byte_size = max_tensor_byte_size
         # 0 means unbounded (as Triton): stored as a number no queue reaches, so that the
         # hot path pays one integer compare either way.
@@ -109,7 +110,7 @@ class DataPlane:
         return self.live
 
     def server_ready(self) -> bool:
-        if not (self.live and self.accepting):
+        if not (self.live and self.accepting) or self.stopping:
             return False
         return self.registry.all_ready() if self.strict_readiness else True
 
@@ -126,11 +127,25 @@ class DataPlane:
             if exc.code is Code.NOT_FOUND:
                 return False
             raise  # a version that is not a number
-        if mv is None or not mv.healthy:
+        if mv is None or mv.state != READY:
             return False
-        checks = [inst.model_is_ready() for inst in mv.pool.instances
-                  if inst.readiness_hook] if mv.pool is not None else []
-        return all(await asyncio.gather(*checks))
+        if mv.pool is None:
+            return True
+        instances = mv.pool.instances
+        for inst in instances:
+            if not inst.alive:
+                # Triton's words, which its tests look for in the verbose log.
+                log.debug("Model '%s' version %d is not ready: Stub process '%s' is not "
+                          "healthy.", name, mv.version, inst.instance_name)
+                return False
+        hooked = [inst for inst in instances if inst.readiness_hook]
+        answers = await asyncio.gather(*(inst.model_is_ready() for inst in hooked))
+        for inst, ready in zip(hooked, answers):
+            if not ready:
+                log.debug("Model '%s' version %d is not ready: Model '%s' is not ready "
+                          "(user-defined check failed).", name, mv.version, inst.instance_name)
+                return False
+        return True
 
     def model_metadata(self, name: str, version: str = "") -> dict:
         mv = self.registry.get(name, version)

@@ -2,6 +2,7 @@
 scrape time (the request path only bumps integers in `stats.ModelStats`), plus two histograms
 Triton lacks, under the `shmserve_` prefix so that nobody mistakes them for Triton's."""
 
+import asyncio
 import itertools
 import logging
 import os
@@ -20,6 +21,9 @@ from shmserve.summaries import LatencySummaries
 log = logging.getLogger("shmserve")
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# How long a scrape waits for an instance's custom metrics (see refresh_custom_metrics): one
+# that has not answered by then (a model holding the GIL in native code) shows its last values.
+CUSTOM_METRICS_WAIT_S = 1.0
 # Upper bounds of the batch-size histogram's buckets (the last bucket is +Inf).
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _REQUEST_DURATION_LE = (*(repr(ns / 1e9) for ns in REQUEST_DURATION_BOUNDS_NS), "+Inf")
@@ -423,27 +427,44 @@ class GpuMetricsCollector:
 
 
 class CustomMetricsCollector:
-    """The models' own metrics (pb_utils.MetricFamily), from each instance's latest report.
-    A family and labels name one series for the whole server: counters and histograms add
-    up across instances, a gauge shows the value set last."""
+    """The models' own metrics (pb_utils.MetricFamily), from each instance's latest report
+    (refresh_custom_metrics asks for fresh ones first). A family and labels name one series
+    for the whole server: counters and histograms add up across instances, a gauge shows the
+    value set last. A family shows with the kind and description first declared (see
+    Registry.metric_families), and only while it has series, as in Triton."""
 
     def __init__(self, registry: Registry):
         self._registry = registry
 
     def collect(self):
+        declared = self._registry.metric_families
         families: dict = {}  # name -> (description, kind, {labels: [value, updated]})
         for mv in self._registry.all_versions():
             if mv.pool is None:
                 continue
             for instance in mv.pool.instances:
                 for name, description, kind, series in instance.custom_metrics:
-                    family = families.setdefault(name, (description, kind, {}))
+                    family = families.get(name)
+                    if family is None:
+                        first = declared.get(name, (kind, description))
+                        family = families[name] = (first[1], first[0], {})
                     if family[1] != kind:
-                        continue  # the first kind reported wins
+                        continue
                     for labels, value, updated in series:
                         _merge(family[2], tuple(sorted(labels.items())), kind, value, updated)
         for name, (description, kind, series) in sorted(families.items()):
-            yield _custom_family(name, description, kind, series)
+            if series:
+                yield _custom_family(name, description, kind, series)
+
+
+async def refresh_custom_metrics(registry: Registry, timeout: float) -> None:
+    """Have every live instance send its custom metrics as they are now, so that a scrape
+    shows what a model set just before it; `timeout` bounds the wait for any instance."""
+    asks = [instance.fresh_custom_metrics(timeout)
+            for mv in registry.all_versions() if mv.pool is not None
+            for instance in mv.pool.instances if hasattr(instance, "fresh_custom_metrics")]
+    if asks:
+        await asyncio.gather(*asks)
 
 
 _COUNTER, _GAUGE, _HISTOGRAM = 0, 1, 2
@@ -478,12 +499,18 @@ def _custom_family(name: str, description: str, kind: int, series: dict) -> Metr
             continue
         bounds, counts, total, count = value
         cumulative = 0
-        for bound, n in zip([*(repr(float(b)) for b in bounds), "+Inf"], counts):
+        for bound, n in zip([*map(_bound_text, bounds), "+Inf"], counts):
             cumulative += n
             family.add_sample(name + "_bucket", {**labels, "le": bound}, cumulative)
         family.add_sample(name + "_count", labels, count)
         family.add_sample(name + "_sum", labels, total)
     return family
+
+
+def _bound_text(bound: float) -> str:
+    """A bucket bound as Triton writes its `le`: "1", "2.5", "0.1"."""
+    text = repr(float(bound))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def exposition(prom: CollectorRegistry) -> bytes:
@@ -524,6 +551,7 @@ def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
             return error_response(404, "Not Found")
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "Method Not Allowed")
+        await refresh_custom_metrics(registry, CUSTOM_METRICS_WAIT_S)
         return Response(200, exposition(prom), "text/plain; charset=utf-8")
 
     return HttpServer(handle, max_input_size=64 * 1024,

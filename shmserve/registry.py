@@ -83,6 +83,17 @@ class ModelRecord:
 class Registry:
     def __init__(self):
         self.models: dict[str, ModelRecord] = {}
+        # The custom metric families (pb_utils.MetricFamily) models declared: name ->
+        # (kind, description). As in Triton's registry, a name keeps its first kind and
+        # description for the server's life, whichever model declared it.
+        self.metric_families: dict[str, tuple[int, str]] = {}
+
+    def declare_metric_family(self, name: str, description: str, kind: int) -> None:
+        """Raises INVALID_ARG, in the words of Triton's registry, when `name` has another
+        kind."""
+        known = self.metric_families.setdefault(name, (kind, description))
+        if known[0] != kind:
+            raise ServerError(Code.INVALID_ARG, "Family name already exists with different type")
 
     def record(self, name: str) -> ModelRecord:
         rec = self.models.get(name)

@@ -6,6 +6,7 @@ shmserve: `await server.start()`, `await server.infer(InferRequest(...))`, `awai
 
 import asyncio
 import logging
+import math
 import signal
 from dataclasses import dataclass, field
 from typing import Optional
@@ -19,6 +20,7 @@ from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
+from shmserve.dispatch.watchdog import SegmentWatchdog
 from shmserve.grpc import transport as grpc_transport
 from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.inference import InferRequest, InferResponse
@@ -171,16 +173,20 @@ class Server:
                                    tracer=Tracer(options.trace))
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
-        self._http_servers: list = []
+        self._http_servers: list = []  # inference HTTP and metrics
+        self._http = None  # the inference HTTP server
         self._grpc = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
         self._collector = Collector()
+        # Unlinks this process's shared memory if it is killed (see dispatch/watchdog.py).
+        self._watchdog = SegmentWatchdog()
 
     async def start(self) -> None:
         removed = shm.sweep_dead_segments()
         if removed:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
+        await self._watchdog.start()  # before any segment is made
         self.dataplane.live = True
         await self.models.start()
         failures = self.models.startup_failures()
@@ -241,6 +247,7 @@ class Server:
                 opts.http_restrictions, opts.worker_answers)
             await server.start(opts.http_address, opts.http_port)
             self._http_servers.append(server)
+            self._http = server
 
     def _endpoint_names(self) -> list:
         o = self.options
@@ -263,12 +270,18 @@ class Server:
         return self.dataplane.stream(request)
 
     async def stop(self) -> None:
-        """Refuse new work (readiness false, new requests UNAVAILABLE; liveness stays true),
-        let in-flight requests and streams finish (up to --exit-timeout-secs, or until
-        `hurry()`), then stop the endpoints and the models (finalized; instances still busy
-        are killed); every shared-memory segment is unlinked."""
+        """Stop as Triton does, in one --exit-timeout-secs: the HTTP and gRPC ports close at
+        once and gRPC takes no new calls, while open HTTP connections are still served until
+        their clients close them and gRPC calls in flight finish. Then new work is refused
+        and what is still in flight (in-process calls) is waited for with the time left;
+        then the endpoints and the models stop (finalized; instances still busy are killed)
+        and every shared-memory segment is unlinked. Readiness is false from the start,
+        on the connections still open; `hurry()` ends the waits at once."""
+        self.dataplane.stopping = True
+        deadline = asyncio.get_running_loop().time() + self.options.exit_timeout_secs
+        await self._close_connections(deadline)
         self.dataplane.accepting = False
-        left = await self._drain(self.options.exit_timeout_secs)
+        left = await self._drain(deadline)
         await self.supervisor.stop()  # what dies from now on stays dead
         if left:
             cause = ("a second SIGTERM/SIGINT" if self._hurry.is_set() else
@@ -279,13 +292,15 @@ class Server:
         if self._grpc is not None:
             await self._grpc.stop(grace=ENDPOINT_GRACE_S)
             self._grpc = None
-        # The drain has waited for in-flight requests already: handlers still running when
-        # an endpoint stops are cancelled after this grace.
+        # The waits are over: handlers still running when an endpoint stops are cancelled
+        # after this grace.
         for server in self._http_servers:
             await server.stop(grace=ENDPOINT_GRACE_S)
         self._http_servers.clear()
+        self._http = None
         self.shared_memory.unregister_all()
         await self.models.stop()
+        await self._watchdog.stop()  # every segment is unlinked by now
         await asyncio.get_running_loop().run_in_executor(None, self.dataplane.tracer.close)
         self.dataplane.live = False
         self._collector.stop()
@@ -295,22 +310,52 @@ class Server:
         """End a drain now: what is still in flight fails rather than being waited for."""
         self._hurry.set()
 
-    async def _drain(self, timeout: float) -> int:
-        """Wait until nothing is in flight, for at most `timeout` seconds or until `hurry()`;
+    async def _close_connections(self, deadline: float) -> None:
+        """Closes the HTTP and gRPC ports and waits, until `deadline` (loop time), for the
+        connections still open to close, saying each second what is left as Triton does."""
+        http, grpc = self._http, self._grpc
+        if http is not None:
+            http.stop_accepting()
+        if grpc is not None:
+            grpc.stop_accepting()
+        said = None
+        while not self._hurry.is_set():
+            http_left = len(http.connections) if http is not None else 0
+            grpc_left = len(grpc.connections) if grpc is not None else 0
+            seconds = math.ceil(deadline - asyncio.get_running_loop().time())
+            if not (http_left or grpc_left) or seconds <= 0:
+                return
+            if seconds != said:
+                said = seconds
+                if http_left:
+                    log.info("Timeout %d: Found %d HTTP service connections", seconds, http_left)
+                if grpc_left:
+                    log.info("Timeout %d: Found %d GRPC service connections and inference "
+                             "handlers", seconds, grpc_left)
+            await self._pause()
+
+    async def _drain(self, deadline: float) -> int:
+        """Wait until nothing is in flight, until `deadline` (loop time) or `hurry()`;
         returns how many requests are still in flight."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        left = self.dataplane.in_flight
-        if left:
-            log.info("waiting up to %g s for %d in-flight request(s) to complete", timeout, left)
-        while left and loop.time() < deadline and not self._hurry.is_set():
-            # Polled: only a stopping server pays for it, not every request's end.
-            try:
-                await asyncio.wait_for(self._hurry.wait(), DRAIN_POLL_S)
-            except asyncio.TimeoutError:
-                pass
-            left = self.dataplane.in_flight
-        return left
+        log.info("Waiting for in-flight requests to complete.")
+        said = None
+        while (left := self.dataplane.in_flight) and not self._hurry.is_set():
+            seconds = math.ceil(deadline - loop.time())
+            if seconds <= 0:
+                break
+            if seconds != said:
+                said = seconds
+                log.info("Timeout %d: Found %d in-flight requests", seconds, left)
+            await self._pause()
+        return self.dataplane.in_flight
+
+    async def _pause(self) -> None:
+        # Polled: only a stopping server pays for it, not every request's end.
+        try:
+            await asyncio.wait_for(self._hurry.wait(), DRAIN_POLL_S)
+        except asyncio.TimeoutError:
+            pass
 
     def _kill_busy_instances(self, why: str) -> None:
         for mv in self.registry.all_versions():
@@ -335,7 +380,7 @@ class Server:
             log.info("%s received: shutting down (a second one stops waiting for in-flight "
                      "requests)", sig.name)
             # Readiness goes false with the signal, not when the loop gets to stop().
-            self.dataplane.accepting = False
+            self.dataplane.stopping = True
             stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):

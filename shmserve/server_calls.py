@@ -1,6 +1,7 @@
 """Calls a model makes into the server from its worker: BLS inference
-(`pb_utils.InferenceRequest.exec` / `async_exec`) and model control (`pb_utils.load_model`,
-`unload_model`, `is_model_ready`).
+(`pb_utils.InferenceRequest.exec` / `async_exec`), model control (`pb_utils.load_model`,
+`unload_model`, `is_model_ready`) and the declaration of a custom metric family
+(`pb_utils.MetricFamily`, whose name the server keeps one kind for).
 
 Each call arrives as a ServerCall frame and runs as a task of the front, as a client's request
 would: the same dataplane, scheduling, statistics and errors. Its answers go back to the
@@ -84,6 +85,10 @@ class ServerCalls:
                     value = await self.dp.model_ready(args["model"], args.get("version", ""))
                 except ServerError:  # an unknown model is not ready, as in Triton
                     value = False
+            elif call.kind == "metric_family":
+                self.dp.registry.declare_metric_family(args["name"], args["description"],
+                                                       int(args["kind"]))
+                value = True
             else:
                 raise ServerError(Code.INVALID_ARG, f"unknown server call '{call.kind}'")
             worker.reply(messages.ServerReply(call.call_id, True, None, value))

@@ -87,8 +87,21 @@ class RunningServer:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
-    def workers(self) -> set:
+    def children(self) -> set:
+        """Every process the server started: its workers and its shared-memory watchdog."""
         return children_of(self.process.pid)
+
+    def workers(self) -> set:
+        return {p for p in self.children() if not is_watchdog(p)}
+
+
+def is_watchdog(pid: int) -> bool:
+    """Whether `pid` runs the server's shared-memory watchdog (workers/front_watch.py)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"workers.front_watch" in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def start_server(repo: str, log_path: str, *extra, wait_models=(), timeout=60.0) -> RunningServer:
@@ -158,8 +171,9 @@ def wait_for_models(server: RunningServer, models, timeout: float = 60.0) -> Non
 
 
 def stop_server(server: RunningServer, timeout: float = 30.0) -> None:
-    """SIGTERM the server we started (by its PID) and check it took its workers along."""
-    workers = server.workers()
+    """SIGTERM the server we started (by its PID) and check it took its workers (and its
+    watchdog) along."""
+    workers = server.children()
     proc = server.process
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -1,7 +1,9 @@
-"""Worker process entry: `python -m workers <fd>`.
+"""Worker process entry: `python -m workers <fd> [<spin_us> [<front pid>]]`.
 
 The front passes one end of a socketpair as file descriptor <fd>. The worker reads Init,
-loads the model, answers Ready, then serves frames until Shutdown.
+loads the model, answers Ready, then serves frames until Shutdown. Should the front process
+exit without a Shutdown (killed), the worker unlinks the front's shared memory and exits, even
+in the middle of the model's execute() (see front_watch.py).
 
 Logs: the front reads the worker's stdout and stderr line by line and puts every line in the
 server log, tagged with the instance (shmserve/logs.py). Log records go to stderr one a line,
@@ -20,6 +22,10 @@ import sys
 import threading
 
 RECORD_MARK = "\x1e"  # as shmserve.logs.RECORD_MARK
+# A killed front's end of the socket closes a moment before its exit can be seen: how long a
+# worker that ends without having told the front (its socket closed, say) waits to see whether
+# the front exited, and its shared memory is to be unlinked, before it just ends.
+FRONT_EXIT_WAIT_S = 1.0
 
 
 class _RecordLines(logging.Handler):
@@ -68,6 +74,23 @@ def main(argv: list) -> int:
     restore_worker_nice()
     fd = int(argv[1])
     spin_us = int(argv[2]) if len(argv) > 2 else None
+    # Watched from the start: the front may be killed while this worker loads.
+    from workers.front_watch import FrontWatch
+    watch = FrontWatch(int(argv[3])) if len(argv) > 3 else None
+    told = False
+    try:
+        code, told = _serve(fd, spin_us)
+        return code
+    finally:
+        # Ended without telling the front (its socket closed, a send failed, a failure): if
+        # that is because the front was killed, its shared memory goes with this worker.
+        if not told and watch is not None:
+            watch.exit_if_gone(FRONT_EXIT_WAIT_S)
+
+
+def _serve(fd: int, spin_us) -> tuple:
+    """(exit status, whether the front was told how the worker ended: its Shutdown answered,
+    or the model's failure to load reported)."""
     # Models see the command line Triton's stub gives them, one empty argument: a model that
     # runs unittest.main() or argparse reads it.
     sys.argv[:] = [""]
@@ -91,7 +114,7 @@ def main(argv: list) -> int:
     channel = SyncChannel(socket.socket(fileno=fd), spin=spin)
     init = channel.recv()
     if not isinstance(init, messages.Init):
-        return 2
+        return 2, False
     os.environ.setdefault("SHMSERVE_INSTANCE", init.instance_name)
     # From here on the socket is read through the FrameReader: a model may call into the
     # server (BLS) from initialize() on, and from any thread.
@@ -105,6 +128,8 @@ def main(argv: list) -> int:
         arena = CallArena(Segment.attach(init.bls_arena), init.inline_threshold)
     reader = FrameReader(channel, regions, arena)
     pb_utils._set_server_calls(reader)
+    from workers.forked_calls import follow_forks
+    follow_forks(reader, channel, pb_utils._set_server_calls)
     state_arena = None
     try:
         if init.state_arena:
@@ -130,23 +155,23 @@ def main(argv: list) -> int:
         # A RunnerError's message is the whole story, in Triton's words.
         channel.send(messages.Ready(str(exc) if isinstance(exc, RunnerError)
                                     else f"{type(exc).__name__}: {exc}"))
-        return 1
+        return 1, True
     # The model and its libraries live as long as the worker: out of the collector's sight,
     # full collections between batches scan only what requests leave behind.
     gc.freeze()
     uuid = cuda.gpu_uuid(init.device_id) if init.instance_kind == "GPU" else ""
     channel.send(messages.Ready("", runner.has_readiness_hook, uuid))
     from workers import metrics_report
-    metrics_report.start(channel)
+    metrics_report.start(channel, init.metrics_fd)
     try:
-        loop.run()
+        shut_down = loop.run()
     except Exception:
         logging.getLogger("shmserve.worker").exception("worker loop failed")
-        return 1
+        return 1, False
     finally:
         if state_arena is not None:
             state_arena.close()
-    return 0
+    return 0, shut_down
 
 
 if __name__ == "__main__":

@@ -79,13 +79,14 @@ class WorkerLoop:
         # [batch id, unsent] of written answers the front has not been told of (see Written).
         self._written = []
 
-    def run(self) -> None:
-        """Serve frames until Shutdown or until the front goes away."""
+    def run(self) -> bool:
+        """Serve frames until Shutdown (True) or until the front's end of the socket closes
+        (False)."""
         try:
             while True:
                 msg = self._reader.next_frame(self._tell_written if self._written else None)
                 if msg is None:
-                    return  # the front is gone: nothing left to answer
+                    return False  # the front is gone: nothing left to answer
                 if isinstance(msg, messages.Execute):
                     self._execute(msg)
                 elif isinstance(msg, messages.Release):
@@ -104,7 +105,7 @@ class WorkerLoop:
                         log.exception("finalize() failed")
                     finally:
                         self._channel.send(messages.Bye())
-                    return
+                    return True
                 else:
                     raise ValueError(f"unexpected frame {type(msg).__name__}")
         finally:

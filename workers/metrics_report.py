@@ -1,35 +1,36 @@
-"""Custom metrics (pb_utils.MetricFamily) on the server's metrics endpoint: a thread of the
-worker sends the model's metric values to the front as a MetricsReport, at most every
-REPORT_INTERVAL_S and only after they changed. The front shows each instance's latest report.
+"""Custom metrics (pb_utils.MetricFamily) on the server's metrics endpoint: at each scrape the
+front writes this worker's metrics eventfd (Init.metrics_fd), and a thread of the worker
+answers with a MetricsReport of the values as they are then. So a value set just before a
+scrape shows in it, and an update costs the model nothing but the update.
 
-Reports rather than questions: the frame loop may be busy in a long execute() when a scrape
-comes, and a scrape must not wait on it.
+The thread reads no frames: it answers while the frame loop is busy, even in an execute()
+that is itself waiting for that scrape (a model reading /metrics).
 """
 
+import os
 import threading
-import time
 
 from shmserve.ipc import messages
 from workers import triton_python_backend_utils as pb_utils
 
-REPORT_INTERVAL_S = 0.5
+
+def start(channel, metrics_fd: int) -> None:
+    if metrics_fd >= 0:
+        threading.Thread(target=_answer, args=(channel, metrics_fd), name="shmserve-metrics",
+                         daemon=True).start()
 
 
-def start(channel) -> None:
-    threading.Thread(target=_report, args=(channel,), name="shmserve-metrics",
-                     daemon=True).start()
-
-
-def _report(channel) -> None:
-    pb_utils._families_exist.wait()  # most models have no metrics of their own
-    reported = 0
+def _answer(channel, metrics_fd: int) -> None:
+    answered = 0
+    sent = None  # the change count of the families last sent
     while True:
-        time.sleep(REPORT_INTERVAL_S)
-        changes, families = pb_utils._metrics_snapshot()
-        if changes == reported:
-            continue
-        reported = changes
         try:
-            channel.send(messages.MetricsReport(families))
+            answered += os.eventfd_read(metrics_fd)  # all asks so far, answered at once
+        except OSError:
+            return
+        changes, families = pb_utils._metrics_snapshot(sent)
+        try:
+            channel.send(messages.MetricsReport(answered, families))
         except OSError:
             return  # the front is gone
+        sent = changes

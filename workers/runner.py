@@ -214,7 +214,7 @@ class ModelRunner:
         # The messages of these failures are Triton's Python backend's: the exception, then
         # the model's frames (none for an error found outside them).
         try:
-            module = import_model(self._model_dir, version, stem)
+            module = import_model(self._model_dir, version, stem, self._instance_name)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
             raise RunnerError(_describe(exc)) from exc
@@ -388,14 +388,15 @@ class ModelRunner:
                 pb_request._sender._close()
         for index, pb_request, sent in batch:
             request = requests[index]
-            if failure is not None and not sent.final:
+            if failure is not None and sent.response is None:
                 results[index] = self._internal_error(failure)
             elif failure is not None:
-                # Its response was complete when execute failed (a second send, a response
+                # Its response was sent when execute failed (a second send, a response
                 # returned after it): Triton has delivered it, and only logs the failure.
                 _log.error("model instance '%s' failed after answering request '%s': %s",
                            self._instance_name, request.request_id, failure)
-                results[index] = self._collect(request, pb_request, sent)
+                results[index] = _runner_response(sent.response, pb_request._requested_output_names,
+                                                  self._sequence, request)
             elif sent.response is None and self.iterative and self._reschedules(pb_request):
                 request.rescheduled = True
                 results[index] = RunnerResponse([], None, {})
@@ -481,12 +482,12 @@ class ModelRunner:
         )
 
 
-def import_model(model_dir: str, version: str, stem: str):
+def import_model(model_dir: str, version: str, stem: str, instance_name: str = ""):
     """The module `<model_dir>/<version>/<stem>.py`, imported as Triton's Python backend
     imports it: our pb_utils as `triton_python_backend_utils`, the version folder and the
     model folder on sys.path."""
     version_dir = os.path.join(model_dir, version)
-    pb_utils._set_model_context(model_dir=version_dir)
+    pb_utils._set_model_context(model_dir=version_dir, instance_name=instance_name)
     sys.modules["triton_python_backend_utils"] = pb_utils
     for entry in (version_dir, model_dir):
         if entry not in sys.path:

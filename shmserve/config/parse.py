@@ -1,5 +1,6 @@
 """Reading model configurations: config.pbtxt text format, and JSON for the load API."""
 
+import json
 import os
 
 from google.protobuf import json_format, text_format
@@ -32,9 +33,54 @@ def parse_config_json(text: str) -> ModelConfig:
     if not text.lstrip().startswith("{"):
         raise invalid_arg("failed to parse model configuration JSON: expected a JSON object")
     try:
-        return json_format.Parse(text, ModelConfig())
-    except json_format.ParseError as exc:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise invalid_arg(f"failed to parse model configuration JSON: {exc}") from None
+    config = ModelConfig()
+    try:
+        json_format.ParseDict(_as_triton_reads_it(document, config.DESCRIPTOR), config)
+    except (json_format.ParseError, RecursionError) as exc:
+        raise invalid_arg(f"failed to parse model configuration JSON: {exc}") from None
+    return config
+
+
+def _as_triton_reads_it(value, descriptor):
+    """`value` (a JSON object for message `descriptor`) with what Triton's JSON parser also
+    takes put in the form json_format takes: a single value where a repeated field wants a
+    list (`"input": {...}`), and enum names in any case (`"kind": "kind_cpu"`)."""
+    if type(value) is not dict:
+        return value
+    fields = descriptor.fields_by_name
+    by_json = descriptor.fields_by_camelcase_name
+    result = {}
+    for key, item in value.items():
+        field = fields.get(key) or by_json.get(key)
+        if field is not None:
+            item = _field_value(field, item)
+        result[key] = item
+    return result
+
+
+def _field_value(field, item):
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        if type(item) is dict:
+            return {k: _field_value(value_field, v) for k, v in item.items()}
+        return item
+    if field.is_repeated:
+        items = item if type(item) is list else [item]
+        return [_single_value(field, v) for v in items]
+    return _single_value(field, item)
+
+
+def _single_value(field, item):
+    if field.message_type is not None:
+        return _as_triton_reads_it(item, field.message_type)
+    if field.enum_type is not None and type(item) is str \
+            and item not in field.enum_type.values_by_name \
+            and item.upper() in field.enum_type.values_by_name:
+        return item.upper()
+    return item
 
 
 def config_path(model_dir: str, config_name: str | None = None) -> str:

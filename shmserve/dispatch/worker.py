@@ -228,6 +228,11 @@ class WorkerHandle:
         self._received: dict = {}  # table row -> responses of its open stream (hang check only)
         # The model's custom metrics, as its process last reported them (MetricsReport).
         self.custom_metrics: list = []
+        # Asks for fresh ones (see workers/metrics_report.py): the eventfd the worker's
+        # metrics thread reads, the asks written to it, and the scrapes waiting for answers.
+        self._metrics_fd = -1
+        self._metrics_asked = 0
+        self._metrics_waiters: list = []  # (ask number, future)
 
     @property
     def pid(self) -> Optional[int]:
@@ -240,6 +245,8 @@ class WorkerHandle:
         self._generation += 1
         self._process = None
         self.custom_metrics = []  # a new process starts its metrics anew
+        self._metrics_asked = 0
+        self._answer_metrics_waiters()
         try:
             self._create_arenas(tag)
         except BaseException as exc:
@@ -261,9 +268,11 @@ class WorkerHandle:
         try:
             stdin, stdout, stderr = worker_log.child_fds
             self._process = await asyncio.create_subprocess_exec(
-                *worker_command("workers", str(child.fileno()), str(self._spin_us)),
-                pass_fds=(child.fileno(), self._table.wake_fd, lent_fd), stdin=stdin,
-                stdout=stdout, stderr=stderr, env=worker_env())
+                # The front's pid: the worker cleans up after a front that was killed.
+                *worker_command("workers", str(child.fileno()), str(self._spin_us),
+                                str(os.getpid())),
+                pass_fds=(child.fileno(), self._table.wake_fd, lent_fd, self._metrics_fd),
+                stdin=stdin, stdout=stdout, stderr=stderr, env=worker_env())
             await worker_log.started(self._process.pid)
             self._ready = loop.create_future()
             _, self._channel = await loop.create_unix_connection(
@@ -289,7 +298,7 @@ class WorkerHandle:
             inline_threshold=INLINE_THRESHOLD,
             state_arena=self._state_arena.name if self._state_arena is not None else "",
             wake_fd=self._table.wake_fd, bls_arena=self._bls_arena.name,
-            answer_fd=lent_fd))
+            answer_fd=lent_fd, metrics_fd=self._metrics_fd))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready
@@ -300,6 +309,9 @@ class WorkerHandle:
         self._running = True
 
     def _create_arenas(self, tag: str) -> None:
+        # Blocking, for the worker's metrics thread, which sleeps on it; the front's writes
+        # never block (the count stays far below the eventfd's limit).
+        self._metrics_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._input_arena = InputArena(f"{tag}.in", ARENA_BYTES)
         self._output_arena = new_segment(f"{tag}.out", ARENA_BYTES)
         self._output_buf = self._output_arena.buffer
@@ -511,6 +523,9 @@ class WorkerHandle:
         self._destroy_arenas()
 
     def _destroy_arenas(self) -> None:
+        if self._metrics_fd >= 0:
+            os.close(self._metrics_fd)
+            self._metrics_fd = -1
         if self._input_arena is not None:
             self._input_arena.destroy()
             self._input_arena = None
@@ -614,7 +629,9 @@ class WorkerHandle:
             if self._readiness is not None and not self._readiness.done():
                 self._readiness.set_result(bool(msg.ready))
         elif isinstance(msg, messages.MetricsReport):
-            self.custom_metrics = msg.families
+            if msg.families is not None:  # else unchanged since its last report
+                self.custom_metrics = msg.families
+            self._answer_metrics_waiters(msg.answered)
         elif isinstance(msg, messages.ServerCall):
             if self._on_server_call is not None:
                 self._on_server_call(self, msg)
@@ -679,9 +696,41 @@ class WorkerHandle:
                                               self._generation),
                             arena=self._output_region if slots else None)
 
+    async def fresh_custom_metrics(self, timeout: float) -> None:
+        """Ask the worker for its custom metrics, and wait until it has answered (then
+        `custom_metrics` holds values as they were at this call, or newer), `timeout`
+        seconds at most: a worker that does not answer in time shows its last values."""
+        if not self.alive or self._metrics_fd < 0:
+            return
+        self._metrics_asked += 1
+        future = self._loop.create_future()
+        waiter = (self._metrics_asked, future)
+        self._metrics_waiters.append(waiter)
+        os.eventfd_write(self._metrics_fd, 1)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if waiter in self._metrics_waiters:
+                self._metrics_waiters.remove(waiter)
+
+    def _answer_metrics_waiters(self, answered: Optional[int] = None) -> None:
+        """Wake the scrapes whose asks the worker has answered; all of them when `answered`
+        is None (the process is gone: its last values are all there is)."""
+        waiting = []
+        for waiter in self._metrics_waiters:
+            asked, future = waiter
+            if answered is not None and asked > answered:
+                waiting.append(waiter)
+            elif not future.done():
+                future.set_result(None)
+        self._metrics_waiters = waiting
+
     def _on_closed(self, exc) -> None:
         self.alive = False
         self._resolve_bye()
+        self._answer_metrics_waiters()
         cancel_calls = getattr(self._on_server_call, "cancel_all_of", None)
         if cancel_calls is not None:  # nobody is left to read their answers
             cancel_calls(self)
@@ -708,8 +757,11 @@ class WorkerHandle:
                       proc.pid, code, extra=self._log_context)
         self._resolve_bye()
         if self._ready is not None and not self._ready.done():
-            self._ready.set_result(f"model instance '{self.instance_name}' exited with {code} "
-                                   f"while loading (see the server log)")
+            # Triton's words for a stub that died before it was ready (its tests look for
+            # them), then how it ended.
+            self._ready.set_result(f"Stub process '{self.instance_name}' is not healthy. "
+                                   f"(model instance '{self.instance_name}' exited with "
+                                   f"{code} while loading; see the server log)")
         self._fail_pending(f"exited with {code}")
         if unexpected and self._on_exit is not None:
             self._on_exit(self)

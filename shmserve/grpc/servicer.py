@@ -254,7 +254,7 @@ class InferenceServicer:
             raise _rpc_error(exc) from None
         metadata = context.invocation_metadata() if self.header_pattern is not None else None
         stream = _Stream(self.dp, self.max_inflight_per_stream, metadata, self.header_pattern,
-                         context)
+                         context, lambda: context.conn.server.stopping)
         if self.dp.tracer.on:  # the call's trace context, for each of its requests
             stream.traceparent = _traceparent(context)
         reader = asyncio.ensure_future(stream.read(request_iterator))
@@ -298,9 +298,10 @@ class _Stream:
     at twice that: a client that sends faster than it reads stops being read from."""
 
     def __init__(self, dp: DataPlane, max_inflight: int = MAX_INFLIGHT_PER_CONNECTION,
-                 metadata=None, header_pattern=None, call=None):
+                 metadata=None, header_pattern=None, call=None, stopping=None):
         self.dp = dp
         self._call = call  # the transport's, for send_now (None: every response is yielded)
+        self._stopping = stopping  # () -> whether the server takes no new requests
         self._consumer_waiting = False  # next() waits, and all it returned was written
         self._metadata = metadata  # the stream's, for header forwarding (or None)
         self._header_pattern = header_pattern
@@ -317,6 +318,8 @@ class _Stream:
         try:
             async for wire in request_iterator:
                 named, request, error = self._read_request(wire)
+                if error is None and self._stopping is not None and self._stopping():
+                    error = ServerError(Code.UNAVAILABLE, transport.SHUTTING_DOWN)
                 await self._room.acquire()
                 if len(self._tasks) >= self._max_inflight:
                     self._in_order.append(_rejected(named, self._max_inflight))

@@ -68,6 +68,8 @@ _RANKED = (b"gzip", b"deflate")
 _ENCODED_HEADERS = {name: _RESPONSE_HEADERS + ((b"grpc-encoding", name),) for name in _RANKED}
 # What a unary handler returns when its answer was written by other means (lend_answer).
 SENT = object()
+# Triton's answer to a call, or a request on an open stream, once the server is stopping.
+SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 
 
 @dataclass(frozen=True)
@@ -439,7 +441,7 @@ class _Connection(asyncio.Protocol):
                                              f"'{encoding.decode('latin-1')}' not supported")
             return
         if self.server.stopping:
-            self._refuse(sid, UNAVAILABLE, "the server is shutting down")
+            self._refuse(sid, UNAVAILABLE, SHUTTING_DOWN)
             return
         if method.streaming:
             limit = self.server.limits.max_streaming_calls
@@ -594,6 +596,13 @@ class _Connection(asyncio.Protocol):
             log.debug("gRPC connection closed: no call for %g s", idle)
             self.http2.close_connection(http2.NO_ERROR, "max_idle")
             self.flush()
+            self.transport.close()
+
+    def leave(self) -> None:
+        """The server stops taking calls: GOAWAY; calls in flight finish, then it closes."""
+        self.goaway()
+        self._leaving = True
+        if not self.calls and not self._lent:
             self.transport.close()
 
     def on_goaway(self) -> None:
@@ -812,15 +821,21 @@ class GrpcServer:
         if self._idle is not None and not any(c.calls for c in self.connections):
             self._idle.set()
 
-    async def stop(self, grace: float) -> None:
-        """No new connections or calls; calls in flight get `grace` seconds to finish, then
-        they are cancelled and every connection is closed."""
+    def stop_accepting(self) -> None:
+        """Triton's graceful stop: no new connections (the port closes) and no new calls
+        (GOAWAY; a call begun anyway is refused UNAVAILABLE); calls in flight go on, and
+        each connection closes once its calls end."""
         self.stopping = True
         if self._server is not None:
             self._server.close()
-        self._idle = asyncio.Event()
         for conn in list(self.connections):
-            conn.goaway()
+            conn.leave()
+
+    async def stop(self, grace: float) -> None:
+        """No new connections or calls; calls in flight get `grace` seconds to finish, then
+        they are cancelled and every connection is closed."""
+        self.stop_accepting()
+        self._idle = asyncio.Event()
         self.idle_check()
         try:
             await asyncio.wait_for(self._idle.wait(), grace)

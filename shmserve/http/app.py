@@ -283,9 +283,12 @@ class HttpRoutes:
     async def _generate_request(self, request: Request):
         name = request.match_info["model"]
         version = _version(request)
-        body = request.body
-        infer_request = generate.decode_generate_request(body, name, version,
-                                                         self.dp.signature(name, version))
+        signature = self.dp.signature(name, version)  # an unknown model first, as in Triton
+        encoding = request.headers.get("content-encoding")
+        if encoding and encoding != "identity":  # Triton's words; it compares case and all
+            raise ServerError(Code.INVALID_ARG,
+                              "Unsupported content-encoding, only 'identity' is supported.")
+        infer_request = generate.decode_generate_request(request.body, name, version, signature)
         if self.header_pattern is not None:
             header_forwarding.forward(infer_request, request.headers.items(),
                                       self.header_pattern)

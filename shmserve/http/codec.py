@@ -21,6 +21,9 @@ from shmserve.inference import (
 from shmserve.ipc import datatypes
 from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
+# Triton's words, for infer and generate (with status 500: its JSON library's type errors).
+ID_NOT_STRING = "Unable to parse 'id': attempt to access JSON non-string as string"
+
 _SHM_REGION = "shared_memory_region"
 _SHM_INTS = ("shared_memory_byte_size", "shared_memory_offset")
 
@@ -85,7 +88,7 @@ def decode_infer_request(
 
     request_id = doc.get("id", "")
     if type(request_id) is not str:
-        raise invalid_arg("Unable to parse 'id'")
+        raise invalid_arg(ID_NOT_STRING)
     fmt = OutputFormat()
     parameters = _request_parameters(doc.get("parameters"), fmt)
     inputs, spans = _inputs(doc.get("inputs"), view, header_length, model_name)
@@ -110,8 +113,10 @@ def decode_infer_request(
 _TEMPLATES = BoundedCache()
 
 
-def json_object(buf) -> dict:
-    """A request body's JSON object; INVALID_ARG for anything else."""
+def json_object(buf, not_object: str = "failed to parse the request JSON buffer: expected a "
+                                       "JSON object") -> dict:
+    """A request body's JSON object; INVALID_ARG for anything else (`not_object` for JSON
+    that is not an object)."""
     try:
         doc = orjson.loads(buf)
     except orjson.JSONDecodeError as e:
@@ -120,7 +125,7 @@ def json_object(buf) -> dict:
             raise invalid_arg(f"failed to parse the request JSON buffer: {e.msg} at {e.pos}") \
                 from None
     if type(doc) is not dict:
-        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+        raise invalid_arg(not_object)
     return doc
 
 

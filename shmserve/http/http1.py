@@ -705,6 +705,12 @@ class HttpServer:
         if self._idle is not None and not any(c.task for c in self.connections):
             self._idle.set()
 
+    def stop_accepting(self) -> None:
+        """No new connections (the port closes); those open are still served, as in
+        Triton's graceful stop, until their clients close them or `stop`."""
+        if self._server is not None:
+            self._server.close()
+
     async def stop(self, grace: float) -> None:
         """No new connections or requests; requests being served get `grace` seconds to
         finish, then they are cancelled and every connection is closed."""

@@ -121,12 +121,16 @@ class Init:
     # The socket (inherited under this number) that clients' sockets for prepared answers
     # arrive on; -1 for none.
     answer_fd: int = -1
+    # The eventfd (inherited under this number) each write of which asks for a MetricsReport:
+    # the front asks at every scrape of /metrics; -1 for none.
+    metrics_fd: int = -1
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
-                self.state_arena, self.wake_fd, self.bls_arena, self.answer_fd]
+                self.state_arena, self.wake_fd, self.bls_arena, self.answer_fd,
+                self.metrics_fd]
 
     @staticmethod
     def from_wire(w: list) -> "Init":
@@ -439,19 +443,22 @@ class ServerReply:
 
 @dataclass(slots=True)
 class MetricsReport:
-    """The values of the model's custom metrics (pb_utils.MetricFamily) in this worker:
+    """The worker's answer to the front's asks for its custom metrics (pb_utils.MetricFamily;
+    see Init.metrics_fd): `answered`, how many asks it has answered in all, and `families`,
+    None when nothing changed since its last answer, else
     [[name, description, kind, [[labels, value, updated], ...]], ...], kind 0 counter,
     1 gauge, 2 histogram (value: [bounds, counts per bucket then +Inf, sum, count]);
     `updated` is the CLOCK_MONOTONIC time of the series' last change."""
 
-    families: list
+    answered: int
+    families: Optional[list]
 
     def to_wire(self) -> list:
-        return [METRICS_REPORT, self.families]
+        return [METRICS_REPORT, self.answered, self.families]
 
     @staticmethod
     def from_wire(w: list) -> "MetricsReport":
-        return MetricsReport(w[1])
+        return MetricsReport(w[1], w[2])
 
 
 _BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,

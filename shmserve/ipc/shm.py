@@ -1,8 +1,9 @@
 """POSIX shared-memory segments mapped into this process, and the names the server gives its own.
 
-The front creates every segment it uses and is the only one to unlink them; workers attach by
-name. posix_ipc is used directly rather than multiprocessing.shared_memory, whose resource
-tracker may unlink segments this process merely attached to.
+The front creates every segment it uses and unlinks them; workers attach by name. Only when
+the front has died without doing so do the processes it started unlink them in its place
+(workers/front_watch.py). posix_ipc is used directly rather than multiprocessing.shared_memory,
+whose resource tracker may unlink segments this process merely attached to.
 """
 
 import mmap
@@ -198,13 +199,30 @@ def sweep_dead_segments(shm_dir: str = "/dev/shm") -> list[str]:
     It cannot tell pids of another pid namespace sharing this shm_dir, so containers that share
     /dev/shm must not share it with a server in a different pid namespace.
     """
+    return _unlink_where(lambda pid: not _pid_alive(pid), shm_dir)
+
+
+def unlink_segments_of(server_pid: int, shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink every segment named for the server process `server_pid` (/shmserve.<pid>.*),
+    whoever created it; returns their POSIX names. Only for a caller that knows that process
+    has exited: a live server's segments would go (see workers/front_watch.py).
+
+    A client's own region is never named so (SharedMemoryManager refuses to register such a
+    name), so none is touched. Several processes may call this at once: a name another one
+    unlinked first is skipped.
+    """
+    return _unlink_where(lambda pid: pid == server_pid, shm_dir)
+
+
+def _unlink_where(wanted, shm_dir: str) -> list[str]:
+    """Unlink the server segments in `shm_dir` whose server pid satisfies `wanted`."""
     removed = []
     with os.scandir(shm_dir) as entries:
         for entry in entries:
             match = _SERVER_NAME.fullmatch(entry.name)
             if match is None or not entry.is_file(follow_symlinks=False):
                 continue
-            if _pid_alive(int(match.group(1))):
+            if not wanted(int(match.group(1))):
                 continue
             try:
                 os.unlink(entry.path)

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 
+from shmserve.config.normalize import PYTHON_BACKEND
 from shmserve.config.parse import parse_config_json
 from shmserve.config.render import config_to_json
 from shmserve.dispatch.worker import worker_command, worker_env
@@ -26,6 +27,24 @@ DEFAULT_MODEL_FILENAME = "model.py"
 # a model file that names it is probed. A TritonPythonModel that inherits auto_complete_config
 # from a base class in another file is therefore not completed; its config.pbtxt must be whole.
 METHOD_NAME = b"auto_complete_config"
+
+
+def fill_backend_fields(config: ModelConfig, model_dir: str) -> None:
+    """Triton's server-side autofill, for the Python backend: a config that names no backend
+    and no platform runs on "python" when its default_model_filename is model.py, or, with no
+    filename either, when the first version directory (in name order) holds a model.py."""
+    if config.backend or config.platform:
+        return
+    if config.default_model_filename:
+        if config.default_model_filename == DEFAULT_MODEL_FILENAME:
+            config.backend = PYTHON_BACKEND
+        return
+    try:
+        folders = sorted(e.name for e in os.scandir(model_dir) if e.is_dir())
+    except OSError:
+        return
+    if folders and os.path.exists(os.path.join(model_dir, folders[0], DEFAULT_MODEL_FILENAME)):
+        config.backend = PYTHON_BACKEND
 
 
 async def complete_model_config(entry: ModelEntry, config: ModelConfig) -> ModelConfig:

@@ -28,7 +28,7 @@ from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.repository.autocomplete import complete_model_config
+from shmserve.repository.autocomplete import complete_model_config, fill_backend_fields
 from shmserve.repository.instances import (config_change_requires_reload, match,
                                            version_source, wanted_instances)
 from shmserve.repository.scan import select_versions
@@ -233,6 +233,7 @@ class Loader:
             # Without auto-complete, Triton requires every model to have a config file.
             config = read_model_config(entry.path, self._config_name,
                                        autofill=self._auto_complete)
+        fill_backend_fields(config, entry.path)
         if self._auto_complete:
             config = await complete_model_config(entry, config)
         return config
@@ -495,10 +496,10 @@ def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: 
 
 def _run_gpu_groups_on_cpu(config, model_name: str) -> None:
     """With no GPU on the machine, GPU instance groups run on the CPU rather than fail
-    (Triton refuses the model; running it is more useful, and the log says so)."""
+    (Triton refuses the model; running it is more useful, and the log warns)."""
     for group in config.instance_group:
         if _kind_name(group) == "GPU":
-            log.info("model '%s': instance group '%s' asks for a GPU but none exists; "
+            log.warning("model '%s': instance group '%s' asks for a GPU but none exists; "
                      "running it on the CPU", model_name, group.name or "(unnamed)")
             group.kind = proto.ModelInstanceGroup.KIND_CPU
             del group.gpus[:]

@@ -35,3 +35,15 @@ def test_completed_model_infers_in_batches_of_up_to_4(server):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
         with pytest.raises(InferenceServerException, match="batch-size must be <= 4"):
             http.infer("autocomplete", [_input(np.zeros((5, 3), dtype=np.float32))])
+
+
+def test_a_model_without_config_file_runs_on_the_python_backend(server):
+    """autocomplete_bare has no config.pbtxt, only 1/model.py: as Triton, its backend is
+    "python" and auto_complete_config supplies the rest."""
+    with httpclient.InferenceServerClient(server.http_url) as http:
+        cfg = http.get_model_config("autocomplete_bare")
+        data = np.ones((2, 3), dtype=np.float32)
+        result = http.infer("autocomplete_bare", [_input(data)])
+    assert (cfg["name"], cfg["backend"], cfg["default_model_filename"]) == (
+        "autocomplete_bare", "python", "model.py")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)

@@ -13,7 +13,8 @@ import tritonclient.http as httpclient
 from shmserve.repository.loader import gpu_count
 from tests.conftest import start_server, stop_server, wait_for_models
 
-MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser", "request_probe")
+MODELS = ("bls_probe", "add_sub", "repeat", "string_echo", "raiser", "request_probe",
+          "identity_fp32", "params_echo")
 X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 Y = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
 
@@ -58,6 +59,23 @@ def test_async_exec_runs_calls_at_once_and_keeps_only_the_requested_outputs(clie
     assert result.as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
     assert result.as_numpy("OUTPUT1").tolist() == (Y + X).tolist()
     assert text(result) == ["OUTPUT0"]
+
+
+def test_a_bls_response_carries_the_parameters_the_model_gave_it(clients):
+    result = probe(clients, "grpc", "params", X)
+    assert json.loads(text(result)[0]) == {"k": "v", "n": 3, "b": True}
+
+
+def test_processes_a_model_forks_call_the_server_too(server, clients):
+    """A multiprocessing Pool's children (forked from execute) call add_sub and identity_fp32
+    (1 MiB each way), as in Triton; the server goes on serving, and no child is left."""
+    before = server.workers()
+    result = probe(clients, "http", "fork_pool", X, Y)
+    assert result.as_numpy("OUTPUT0").tolist() == np.concatenate(
+        [X + Y * k for k in (1, 2, 3)]).tolist()
+    assert result.as_numpy("OUTPUT1").tolist() == [k * (1 << 18) for k in (1, 2, 3)]
+    assert probe(clients, "grpc", "sync", X, Y).as_numpy("OUTPUT0").tolist() == (X + Y).tolist()
+    assert server.workers() == before
 
 
 def test_exec_decoupled_iterates_every_response_then_the_empty_final(clients):

@@ -533,8 +533,8 @@ def test_a_broken_batch_strategy_makes_only_its_model_unavailable(tmp_path):
     (broken / "config.pbtxt").write_text(config)
     (broken / "batch_strategy.py").write_text("raise RuntimeError('no strategy today')\n")
     srv = start_server(str(repo), str(tmp_path / "log"), wait_models=("add_sub",))
+    client = httpclient.InferenceServerClient(srv.http_url)
     try:
-        client = httpclient.InferenceServerClient(srv.http_url)
         assert client.is_model_ready("add_sub")
         assert not client.is_model_ready("broken_strategy")
         entry = next(m for m in client.get_model_repository_index()
@@ -543,4 +543,5 @@ def test_a_broken_batch_strategy_makes_only_its_model_unavailable(tmp_path):
         assert "batch_strategy.py" in entry["reason"]
         assert "no strategy today" in entry["reason"]
     finally:
+        client.close()  # an open connection would hold the server's stop (as Triton's)
         stop_server(srv)

@@ -252,7 +252,8 @@ def test_worker_killed_while_loading_fails_the_load_cleanly(srv, http):
     # Defined behaviour: the load fails (no retry: a model that cannot load is UNAVAILABLE
     # until loaded again), saying which instance died and how.
     assert len(errors) == 1
-    assert ("model instance 'fault_slow_init_0_0' exited with code -9 (SIGKILL) while loading"
+    assert ("Stub process 'fault_slow_init_0_0' is not healthy. (model instance "
+            "'fault_slow_init_0_0' exited with code -9 (SIGKILL) while loading"
             in errors[0].message())
     assert not http.is_model_ready("fault_slow_init")
     index = {m["name"]: m for m in http.get_model_repository_index()}

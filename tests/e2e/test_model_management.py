@@ -225,6 +225,17 @@ def test_config_override_replaces_config_pbtxt(explicit):
     assert infer(grpc, "scale")[0].tolist() == [2.0, 4.0]
 
 
+def test_config_override_may_give_a_repeated_field_as_one_object(explicit):
+    """Triton's JSON parser takes `"input": {...}` for `"input": [{...}]`."""
+    _, _, http, _ = explicit
+    config = json.loads(config_json("scale", 4.0))
+    config["input"] = config["input"][0]
+    config["instance_group"] = config["instance_group"][0]
+    http.load_model("scale", config=json.dumps(config))
+    assert infer(http, "scale")[0].tolist() == [4.0, 8.0]
+    http.load_model("scale", config=config_json("scale", 2.0))
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bad_config_override_is_refused_and_the_model_keeps_serving(explicit, protocol):
     _, _, http, grpc = explicit

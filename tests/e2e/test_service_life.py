@@ -7,6 +7,7 @@ Models: `life_sleep` (one instance; sleeps SECONDS, and says when it started) an
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -144,7 +145,19 @@ def test_systemd_ready_watchdog_and_stopping(repo, tmp_path, monkeypatch):
 
 # -- drain --------------------------------------------------------------------------------------
 
-def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
+def _refused(server) -> bool:
+    """A new connection to the HTTP port is refused."""
+    try:
+        socket.create_connection(("127.0.0.1", server.http_port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_stops_as_triton_does(launch, tmp_path):
+    """The ports close at once; an open HTTP connection is still served (not ready, yet
+    inference works) until its client closes it; gRPC takes no new calls, not even on an open
+    stream, while what was in flight finishes; the exit timeout counts down once."""
     server = launch("--exit-timeout-secs=60")
     http = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
@@ -165,6 +178,7 @@ def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
     sse = threading.Thread(target=read_sse)
     sleeper, pending = _sleep_in_flight(server, 4.0, str(tmp_path / "started"))
     try:
+        assert http.is_server_ready()  # the connection that stays open
         grpc.async_stream_infer("stream_probe", _probe_inputs(10),
                                 parameters={"delay_ms": 300})
         first = streamed.get(timeout=WAIT_S)
@@ -173,20 +187,13 @@ def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
         assert sse_started.wait(WAIT_S)
 
         server.process.send_signal(signal.SIGTERM)
-        _wait_for(lambda: _status(server, "/v2/health/ready") == 400, "readiness to go false", 2)
-        # While the drain lasts: live, not ready, and new work is refused as UNAVAILABLE.
-        assert _status(server, "/v2/health/live") == 200
-        assert grpc.is_server_live() and not grpc.is_server_ready()
-        with pytest.raises(InferenceServerException) as e:
-            http.infer("life_sleep", _sleep_inputs(0))
-        assert e.value.status() == "503" and "Server not ready" in e.value.message()
-        with pytest.raises(InferenceServerException) as e:
+        _wait_for(lambda: _refused(server), "the HTTP port to close", 5)
+        # The open HTTP connection: live, not ready, and still served.
+        assert http.is_server_live() and not http.is_server_ready()
+        assert http.infer("life_sleep", _sleep_inputs(0)).as_numpy("SECONDS_OUT")[0] == 0.0
+        with pytest.raises(InferenceServerException) as e:  # gRPC takes no new call
             grpc.infer("life_sleep", _grpc_sleep_inputs(0))
         assert e.value.status() == "StatusCode.UNAVAILABLE"
-        assert "Server not ready" in e.value.message()
-        r = httpx.post(f"http://{server.http_url}/v2/models/stream_probe/generate_stream",
-                       json={"COUNT": 1}, timeout=10)
-        assert r.status_code == 503 and "Server not ready" in r.json()["error"]
         grpc.async_stream_infer("stream_probe", _probe_inputs(1))  # a new request on the stream
         assert server.process.poll() is None
 
@@ -196,9 +203,16 @@ def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
         assert [len(doc["OUT"]) for doc in sse_events] == [4] * 10
         got = [first] + [streamed.get(timeout=WAIT_S) for _ in range(10)]
         errors = [str(err) for _, err in got if err is not None]
-        assert errors == ["Server not ready"]  # the request sent after SIGTERM, and only it
+        # The request sent on the stream after SIGTERM, and only it, in Triton's words.
+        assert errors == ["GRPC server is shutting down and has stopped accepting new "
+                          "requests."]
         results = [r for r, err in got if err is None]
         assert [int(r.as_numpy("OUT")[0]) for r in results] == list(range(10))
+        grpc.stop_stream()
+        time.sleep(1.5)
+        assert server.process.poll() is None  # the HTTP connections are still open
+        for client in (http, sleeper):
+            client.close()
         assert _exits(server) == 0
     finally:
         grpc.stop_stream(cancel_requests=True)
@@ -208,6 +222,12 @@ def test_sigterm_drains_requests_and_streams_in_flight(launch, tmp_path):
             sse.join(WAIT_S)
     log = server.log()
     assert "SIGTERM received" in log and "shmserve stopped" in log
+    # The three HTTP connections (two clients and the SSE stream), and the gRPC stream.
+    assert "Timeout 60: Found 3 HTTP service connections" in log
+    assert "Timeout 60: Found 1 GRPC service connections and inference handlers" in log
+    countdown = [int(n) for n in re.findall(r"\] Timeout (\d+): ", log)]
+    assert countdown == sorted(countdown, reverse=True)  # one countdown, never restarted
+    assert "Waiting for in-flight requests to complete." in log
     assert not _own_segments(server)
 
 
@@ -216,7 +236,7 @@ def test_second_signal_stops_waiting(launch, tmp_path):
     sleeper, pending = _sleep_in_flight(server, 60.0, str(tmp_path / "started"))
     try:
         server.process.send_signal(signal.SIGINT)
-        _wait_for(lambda: _status(server, "/v2/health/ready") == 400, "readiness to go false")
+        _wait_for(lambda: _refused(server), "the HTTP port to close")
         time.sleep(0.5)
         assert server.process.poll() is None  # still waiting for the request
         started = time.monotonic()
@@ -346,10 +366,12 @@ def test_front_nice_moves_the_front_only_and_the_workers_keep_the_starting_value
     started = os.getpriority(os.PRIO_PROCESS, 0)
     srv = launch("--front-nice", str(started - 5))
     assert _nice(srv.process.pid) == started - 5
-    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.process.pid)],
-                                              capture_output=True, text=True).stdout.split()]
-    threads = [(w, t) for w in workers for t in os.listdir(f"/proc/{w}/task")]
-    assert len(workers) == 2 and len(threads) > 2  # every thread: numpy's and the log's too
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(srv.process.pid)],
+                                               capture_output=True, text=True).stdout.split()]
+    # the two workers, and the shared-memory watchdog
+    assert len(srv.workers()) == 2 and len(children) == 3
+    threads = [(w, t) for w in children for t in os.listdir(f"/proc/{w}/task")]
+    assert len(threads) > 3  # every thread: numpy's and the log's too
     assert {_nice_of(w, t) for w, t in threads} == {started}
     with httpclient.InferenceServerClient(srv.http_url) as client:  # it still serves
         assert client.infer("life_sleep", _sleep_inputs(0.0)) is not None

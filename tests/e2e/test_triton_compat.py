@@ -2,6 +2,7 @@
 server process (tests/models/README.md records what Triton answered)."""
 
 import json
+import os
 import queue
 import time
 
@@ -11,6 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from shmserve.repository.loader import gpu_count
 from tests.conftest import start_server, stop_server
 
 MODULES = {"http": httpclient, "grpc": grpcclient}
@@ -149,3 +151,51 @@ def test_queue_policy_holds_until_a_request_starts_with_pipelining_on(test_repos
     finally:
         client.close()
         stop_server(srv)
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="shows the machine without a GPU")
+def test_a_gpu_group_without_a_gpu_runs_on_the_cpu_with_a_warning(test_repository, tmp_path):
+    """Triton refuses such a model; shmserve runs it and says so at WARNING."""
+    repo = tmp_path / "repo"
+    (repo / "gpu_add").mkdir(parents=True)
+    (repo / "gpu_add" / "1").symlink_to(os.path.join(test_repository, "add_sub", "1"))
+    text = open(os.path.join(test_repository, "add_sub", "config.pbtxt")).read()
+    text = text.replace('name: "add_sub"', 'name: "gpu_add"').split("instance_group")[0]
+    (repo / "gpu_add" / "config.pbtxt").write_text(
+        text + "\ninstance_group [ { kind: KIND_GPU } ]\n")
+    srv = start_server(str(repo), str(tmp_path / "log"), wait_models=("gpu_add",))
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as client:
+            [group] = client.get_model_config("gpu_add")["instance_group"]
+        assert group["kind"] == "KIND_CPU"
+        warning = [line for line in srv.log().splitlines() if "asks for a GPU" in line]
+        assert warning and warning[0].startswith("W")
+    finally:
+        stop_server(srv)
+
+
+def test_response_parameters_a_model_sets_reach_the_client(clients):
+    """InferenceResponse(..., parameters={...}) (Triton 2.55) over both protocols."""
+    sent = {"reply_s": "x", "reply_n": 7, "reply_b": True}
+    for protocol, mod in MODULES.items():
+        t = mod.InferInput("INPUT0", [1], "INT32")
+        t.set_data_from_numpy(np.array([1], np.int32))
+        result = clients[protocol].infer("params_echo", [t], parameters=sent)
+        if protocol == "http":
+            assert result.get_response()["parameters"] == {"s": "x", "n": 7, "b": True}
+        else:
+            params = result.get_response().parameters
+            assert (params["s"].string_param, params["n"].int64_param,
+                    params["b"].bool_param) == ("x", 7, True)
+
+
+@pytest.mark.parametrize("misuse", ["twice", "returned"])
+def test_a_sent_response_is_delivered_though_execute_fails_after_it(clients, server, misuse):
+    """Triton delivers the response a non-decoupled model sent, and drops (and logs) the
+    failure of a second send or of a response returned after the final flag."""
+    for protocol, mod in MODULES.items():
+        t = mod.InferInput("INPUT0", [2], "FP32")
+        t.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        result = clients[protocol].infer("sender_misuse", [t], parameters={"misuse": misuse})
+        assert result.as_numpy("OUTPUT0").tolist() == [1.0, 2.0]
+    assert "failed after answering request" in server.log()

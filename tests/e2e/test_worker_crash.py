@@ -24,7 +24,7 @@ def crash_server(tmp_path_factory):
     for name, folder in (("slow", "models"), ("add_sub", "../model_repository")):
         os.symlink(os.path.normpath(os.path.join(root, folder, name)), repo / name)
     srv = start_server(str(repo), str(tmp_path_factory.mktemp("crash_logs") / "log"),
-                       wait_models=("slow", "add_sub"))
+                       "--log-verbose=1", wait_models=("slow", "add_sub"))
     yield srv
     stop_server(srv)
 
@@ -117,6 +117,9 @@ def test_model_is_not_ready_while_one_of_its_instances_restarts(crash_server):
         # follows, yet the instance still alive serves.
         assert not http.is_model_ready("slow") and not client.is_model_ready("slow")
         assert not http.is_server_ready()
+        # Triton's verbose line, which its tests count.
+        assert ("Model 'slow' version 1 is not ready: Stub process 'slow_0_0' is not healthy."
+                in crash_server.log())
         assert client.infer("slow", [_slow_input(0.0)]).as_numpy("OUTPUT0")[0] == 0.0
         deadline = time.monotonic() + 20
         while not http.is_model_ready("slow") and time.monotonic() < deadline:

@@ -84,6 +84,21 @@ def test_parse_json_accepts_numbers_and_strings_for_int64():
     assert config.dynamic_batching.max_queue_delay_microseconds == 10
 
 
+def test_parse_json_takes_what_tritons_parser_takes():
+    """A single value where a repeated field wants a list, and enum names in any case."""
+    config = parse_config_json(
+        '{"name": "m", "input": {"name": "x", "data_type": "type_fp32", "dims": 4},'
+        ' "instanceGroup": {"kind": "kind_cpu", "count": 2},'
+        ' "parameters": {"p": {"string_value": "v"}},'
+        ' "sequence_batching": {"control_input": {"name": "S", "control":'
+        ' {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}}}}')
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [("x", 11, [4])]  # TYPE_FP32
+    assert [(g.kind, g.count) for g in config.instance_group] == [(2, 2)]  # KIND_CPU
+    assert config.parameters["p"].string_value == "v"
+    control = config.sequence_batching.control_input[0].control[0]
+    assert list(control.int32_false_true) == [0, 1]
+
+
 @pytest.mark.parametrize("text", ['{"name": ', '{"nam": "m"}', '{"max_batch_size": "x"}', '[]',
                                   '"name"'])
 def test_parse_json_errors_are_invalid_arg(text):

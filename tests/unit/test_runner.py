@@ -499,7 +499,6 @@ def test_response_through_sender_for_non_decoupled_model(make_runner):
 
 
 @pytest.mark.parametrize("body,text", [
-    ("sender.send(r); sender.send(r)", "cannot send more than one response"),
     ("sender.send(flags=FINAL)", "cannot send complete final before sending a response"),
 ])
 def test_sender_misuse_fails_the_batch(make_runner, body, text):
@@ -517,25 +516,29 @@ def test_sender_misuse_fails_the_batch(make_runner, body, text):
     assert_internal_error(run(runner, fp32_request([0]))[0], "m_0_0", text)
 
 
-def test_complete_response_survives_a_later_failure(make_runner, caplog):
-    """A response sent with FINAL was delivered: returning it again fails execute, is logged,
-    and the client still gets the response."""
-    runner = make_runner("""
+@pytest.mark.parametrize("misuse,text", [
+    ("sender.send(r, flags=FINAL); return [r]", "Response sender has been closed"),
+    ("sender.send(r); sender.send(r)", "cannot send more than one response"),
+])
+def test_a_sent_response_survives_a_later_failure(make_runner, caplog, misuse, text):
+    """A response was delivered: sending another, or returning it again, fails execute; the
+    failure is logged and the client still gets the response, as in Triton."""
+    runner = make_runner(f"""
         import numpy as np
         import triton_python_backend_utils as pb_utils
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         class TritonPythonModel:
             def execute(self, requests):
                 r = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))])
-                requests[0].get_response_sender().send(
-                    r, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                return [r]
+                sender = requests[0].get_response_sender()
+                {misuse}
     """)
     runner.initialize()
     with caplog.at_level("ERROR"):
         response = run(runner, fp32_request([0], "x"))[0]
     assert outputs_of(response)["OUT"].array.tolist() == [1.0]
-    assert "Response sender has been closed" in caplog.text
+    assert text in caplog.text
 
 
 def test_response_without_final_is_an_error(make_runner):

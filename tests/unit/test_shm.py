@@ -12,6 +12,7 @@ from shmserve.ipc.shm import (
     is_server_segment,
     segment_name,
     sweep_dead_segments,
+    unlink_segments_of,
 )
 
 SHM_DIR = "/dev/shm"
@@ -219,3 +220,30 @@ def test_sweep_keeps_segments_whose_pid_belongs_to_someone_else(token, monkeypat
     finally:
         seg.close()
         seg.unlink()
+
+
+def test_unlink_segments_of_one_server_takes_all_its_names_and_nothing_else(token):
+    gone = dead_pid()
+    other = dead_pid()
+    doomed = [Segment.create(segment_name(gone, f"{token}.{tag}"), 64)
+              for tag in ("in.0", "out.1", "req.2")]
+    bystanders = [
+        Segment.create(segment_name(other, token), 64),  # another (dead) server's
+        Segment.create(segment_name(os.getpid(), token), 64),  # a live server's
+        Segment.create(f"/shmserve-test.{gone}.{token}", 64),  # a client's region, say
+        Segment.create(f"/shmserve.{gone}{token}", 64),  # no tag separator after the pid
+    ]
+    try:
+        removed = unlink_segments_of(gone)
+        assert sorted(n for n in removed if token in n) == sorted(s.name for s in doomed)
+        for seg in doomed:
+            with pytest.raises(FileNotFoundError):
+                Segment.attach(seg.name)
+        for kept in bystanders:
+            Segment.attach(kept.name).close()
+        # A second cleaner finds nothing left, and says so without failing.
+        assert not [n for n in unlink_segments_of(gone) if token in n]
+    finally:
+        for seg in (*doomed, *bystanders):
+            seg.close()
+            seg.unlink()

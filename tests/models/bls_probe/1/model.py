@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import multiprocessing
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -20,6 +21,19 @@ def _text(*values):
 
 def _floats(name, values):
     return pb_utils.Tensor(name, np.asarray(values, np.float32))
+
+
+def _in_child(args):
+    """In a process forked by a multiprocessing Pool: add_sub of (x, y), and a large tensor
+    (1 MiB, beyond what travels inline) through identity_fp32 and back."""
+    x, y, k = args
+    added = _request("add_sub", ["OUTPUT0"], INPUT0=x, INPUT1=y * k).exec()
+    big = np.full((1, 1 << 18), k, np.float32)
+    echoed = _request("identity_fp32", ["OUTPUT0"], INPUT0=big).exec()
+    if added.has_error() or echoed.has_error():
+        raise RuntimeError((added.error() or echoed.error()).message())
+    total = float(pb_utils.get_output_tensor_by_name(echoed, "OUTPUT0").as_numpy().sum())
+    return pb_utils.get_output_tensor_by_name(added, "OUTPUT0").as_numpy(), total
 
 
 class TritonPythonModel:
@@ -149,6 +163,18 @@ class TritonPythonModel:
                 return pb_utils.InferenceResponse(error=response.error())
             return pb_utils.InferenceResponse([_floats(
                 "OUTPUT0", pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy())])
+        if mode == "fork_pool":  # _in_child in 3 processes a multiprocessing Pool forked
+            with multiprocessing.get_context("fork").Pool(3) as pool:
+                results = pool.map(_in_child, [(x, y, k) for k in (1, 2, 3)])
+            return pb_utils.InferenceResponse([
+                _floats("OUTPUT0", np.concatenate([added for added, _ in results])),
+                _floats("OUTPUT1", [total for _, total in results])])
+        if mode == "params":  # params_echo with reply_ parameters: its response's parameters()
+            response = pb_utils.InferenceRequest(
+                model_name="params_echo", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", x.astype(np.int32))],
+                parameters={"reply_k": "v", "reply_n": 3, "reply_b": True}).exec()
+            return pb_utils.InferenceResponse([_text(response.parameters())])
         if mode == "init":
             return pb_utils.InferenceResponse([_text(self._ready_while_loading)])
         if mode == "control":  # the model named by the request parameter "target"

@@ -5,12 +5,15 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        requests = pb_utils.MetricFamily("probe_requests", "Requests this model saw",
-                                         pb_utils.MetricFamily.COUNTER)
-        value = pb_utils.MetricFamily("probe_last_value", "The last VALUE",
-                                      pb_utils.MetricFamily.GAUGE)
-        values = pb_utils.MetricFamily("probe_values", "VALUEs seen",
-                                       pb_utils.MetricFamily.HISTOGRAM)
+        # The families are kept: deleting one makes its metrics unusable, as in Triton.
+        self.families = [
+            pb_utils.MetricFamily("probe_requests", "Requests this model saw",
+                                  pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("probe_last_value", "The last VALUE",
+                                  pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily("probe_values", "VALUEs seen",
+                                  pb_utils.MetricFamily.HISTOGRAM)]
+        requests, value, values = self.families
         self.requests = requests.Metric(labels={"model": args["model_name"]})
         self.value = value.Metric(labels={"model": args["model_name"]})
         self.values = values.Metric(labels={"model": args["model_name"]}, buckets=[1.0, 10.0])

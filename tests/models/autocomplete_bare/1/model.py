@@ -1,0 +1,1 @@
+../../autocomplete/1/model.py
