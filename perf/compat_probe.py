@@ -1,6 +1,6 @@
 """Same requests, same answers? Sends one battery of requests to the real Triton (the anchors)
 and to shmserve, both serving a copy of perf/triton_repo (and model_repository/textgen,
-tests/models/params_echo and tests/models/keyword_inputs) at once, and prints every answer that
+tests/models/params_echo, keyword_inputs and sender_misuse) at once, and prints every answer that
 differs.
 
     .venv/bin/python perf/compat_probe.py [--anchors DIR] [--verbose]
@@ -124,6 +124,19 @@ KNOWN = {
                                     "passes them to the model as any other parameter",
     "types output listed twice": "Triton since 2.69 refuses an output requested twice ('output ... already "
                                  "exists in request'); Triton 2.51 answers it once",
+    **{case: "Triton 2.51 writes the response sent, then an error object, into one 500 body (gRPC: "
+             "INTERNAL); shmserve delivers the response sent and logs the failure (issue 59: Triton "
+             "delivers the first response and drops the extra)"
+       for case in ("response sender misuse twice", "grpc response sender misuse twice")},
+    **{f"counted {case}": "the client got the response sent: shmserve counts a success, Triton 2.51 a "
+                          "BACKEND failure"
+       for case in ("response sender misuse twice", "response sender misuse returned",
+                    "grpc response sender misuse twice")},
+    **{case: "InferenceResponse(parameters=) is newer than Triton 2.51 (python_backend 2.55): its model "
+             "raises TypeError"
+       for case in ("response parameters", "grpc response parameters")},
+    **{case: "the same reason, and after it the exit the front saw"
+       for case in ("explicit load init_exits", "explicit index after broken loads", "grpc explicit index")},
     "HEAD live": "shmserve answers HEAD wherever GET is allowed (RFC 9110); Triton 2.51: 405",
     "logging bad format": "the same message; Triton 2.51 answers 503 (UNAVAILABLE), shmserve 400",
     "metadata, name percent-encoded": "tritonclient percent-encodes model names in URLs and shmserve decodes "
@@ -461,6 +474,12 @@ def http_cases():
         "load in none mode": ("POST", "/v2/repository/models/identity_fp32/load", {}),
         "unload in none mode": ("POST", "/v2/repository/models/identity_fp32/unload", {}),
         "infer": ("POST", M + "/infer", {"inputs": [inp()]}),
+        **{f"response sender misuse {misuse}": ("POST", "/v2/models/sender_misuse/infer", {
+            "inputs": [inp(shape=[4])], "parameters": {"misuse": misuse}})
+           for misuse in ("twice", "returned")},
+        "response parameters": ("POST", "/v2/models/params_echo/infer", {
+            "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}],
+            "parameters": {"reply_s": "x", "reply_n": 7, "reply_b": True}}),
         "infer id and output": ("POST", M + "/infer", {"id": "abc", "inputs": [inp()], "outputs": [{"name": "OUTPUT0"}]}),
         "infer unknown output": ("POST", M + "/infer", {"inputs": [inp()], "outputs": [{"name": "NOPE"}]}),
         "infer no inputs": ("POST", M + "/infer", {"inputs": []}),
@@ -895,6 +914,11 @@ def _shm_answers(http_port, grpc_port):
         ("grpc shm infer after unregister", "ModelInfer", request),
     ]
     for name, method, message in calls:
+        if "unregister" in name:
+            # Triton holds a region until it has released the last request that used it,
+            # a moment after answering; unregistered before then, it refuses ("Failed to
+            # unregister").
+            time.sleep(0.1)
         out[name] = grpc_answer(stub, method, message)
         if "infer" in name:
             out[name + ": region"] = region_bytes()
@@ -937,6 +961,11 @@ def grpc_cases():
         "grpc cuda register short handle": ("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest(
             name="r", raw_handle=b"xx", byte_size=16)),
         "grpc infer": ("ModelInfer", grpc_request()),
+        "grpc response parameters": ("ModelInfer", grpc_request(
+            model="params_echo", datatype="INT32", shape=(1,), raw=(struct.pack("<i", 1),),
+            params={"reply_s": "x", "reply_n": 7, "reply_b": True})),
+        "grpc response sender misuse twice": ("ModelInfer", grpc_request(
+            model="sender_misuse", shape=(4,), params={"misuse": "twice"})),
         "grpc infer unknown model": ("ModelInfer", grpc_request(model="nope")),
         "grpc infer unknown version": ("ModelInfer", grpc_request(version="2")),
         "grpc infer version x": ("ModelInfer", grpc_request(version="x")),
@@ -1110,7 +1139,8 @@ def answers(ports):
         counts = now
 
     for name, case in {**http_cases(), **datatype_cases()}.items():
-        ask(name, http_call, http_port, *case, settle_s=0.1 if "generate" in case[1] else 0.0)
+        ask(name, http_call, http_port, *case,
+            settle_s=0.1 if "generate" in case[1] or "sender_misuse" in case[1] else 0.0)
     for name, case in header_cases().items():
         out[name] = http_headers(http_port, *case)
     for name, (data, responses) in transport_cases().items():
@@ -1156,6 +1186,12 @@ def management_cases():
     override = json.dumps({"name": "identity_fp32", "backend": "python", "max_batch_size": 8,
                            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
                            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    # A repeated field given as one object, an enum name in lower case: Triton's JSON parser
+    # takes both.
+    single = json.dumps({"name": "identity_fp32", "backend": "python", "max_batch_size": 8,
+                         "input": {"name": "INPUT0", "data_type": "type_fp32", "dims": [-1]},
+                         "output": {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+                         "instance_group": {"kind": "KIND_CPU", "count": 1}})
     grpc_load = lambda name, **params: ("grpc", "RepositoryModelLoad", _load_request(name, params))
     return [
         ("explicit index at start", ("POST", repo + "/index", {})),
@@ -1174,6 +1210,13 @@ def management_cases():
         ("explicit load config override", ("POST", repo + "/models/identity_fp32/load",
                                            {"parameters": {"config": override}})),
         ("explicit config after override", ("GET", M + "/config")),
+        ("explicit load config with single objects", ("POST", repo + "/models/identity_fp32/load",
+                                                      {"parameters": {"config": single}})),
+        ("explicit config after single objects", ("GET", M + "/config")),
+        ("explicit load without config.pbtxt", ("POST", repo + "/models/no_config/load", {})),
+        ("explicit config without config.pbtxt", ("GET", "/v2/models/no_config/config")),
+        ("explicit infer without config.pbtxt", ("POST", "/v2/models/no_config/infer", {
+            "inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [3]}]})),
         ("explicit load file without config", ("POST", repo + "/models/identity_fp32/load",
                                                {"parameters": {"file:1/model.py": doubled}})),
         ("explicit load files", ("POST", repo + "/models/identity_fp32/load", {
@@ -1258,7 +1301,28 @@ BROKEN_MODELS = {
     "unknown_field": {"extra": "no_such_field: 1\n"},
     "bad_dims": {"extra": 'output [ { name: "OUT2" data_type: TYPE_INT32 dims: [ -2 ] } ]\n'},
     "no_versions": {},
+    "init_exits": {"1/model.py": _MODEL.format(body="    def initialize(self, args):\n"
+                                                    "        import os\n"
+                                                    "        os._exit(1)\n")},
 }
+
+
+# A model with no config.pbtxt at all: Triton takes its backend from 1/model.py, and its
+# auto_complete_config the rest.
+NO_CONFIG_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]})
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
 
 
 def write_broken_models(repo):
@@ -1484,7 +1548,7 @@ def main() -> int:
     shutil.copytree(PERF_DIR / "triton_repo", repo, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO_ROOT / "model_repository" / "textgen", repo / "textgen",
                     ignore=shutil.ignore_patterns("__pycache__", "corpus.txt", "train.py"))
-    for name in ("params_echo", "keyword_inputs"):
+    for name in ("params_echo", "keyword_inputs", "sender_misuse"):
         shutil.copytree(REPO_ROOT / "tests" / "models" / name, repo / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
     segments_before = set(os.listdir("/dev/shm"))
@@ -1502,6 +1566,8 @@ def main() -> int:
         explicit = log_dir / "explicit_repo"
         shutil.copytree(repo, explicit, ignore=shutil.ignore_patterns("__pycache__"))
         write_broken_models(explicit)
+        (explicit / "no_config" / "1").mkdir(parents=True)
+        (explicit / "no_config" / "1" / "model.py").write_text(NO_CONFIG_MODEL)
         triton = TritonServer(args.anchors, anchors_env(args.anchors), explicit,
                               log_dir / "triton_explicit.log")
         shmserve = ShmServer(explicit, tuple(args.shmserve_ports), log_dir / "shmserve_explicit.log")

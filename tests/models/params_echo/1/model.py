@@ -6,7 +6,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """OUTPUT0 = INPUT0; PARAMS = request.parameters() (a JSON string); REQUEST_ID = request.request_id().
-    The response's parameters are the request's whose keys start with `reply_`, less the prefix."""
+    The response's parameters are the request's whose keys start with `reply_`, less the prefix
+    (only when there are some: Triton before 2.55 has no InferenceResponse parameters)."""
 
     def execute(self, requests):
         responses = []
@@ -20,5 +21,5 @@ class TritonPythonModel:
                 pb_utils.Tensor("OUTPUT0", data),
                 pb_utils.Tensor("PARAMS", np.array([params], dtype=np.object_)),
                 pb_utils.Tensor("REQUEST_ID", np.array([request_id], dtype=np.object_)),
-            ], parameters=replies))
+            ], **({"parameters": replies} if replies else {})))
         return responses
