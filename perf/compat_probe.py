@@ -1595,6 +1595,9 @@ def main() -> int:
             print(f"{'known' if known else 'NEW'}: {name}" + (f"  ({known})" if known else ""))
             for line in shown_difference(theirs.get(name), ours.get(name)):
                 print(line)
+    same = sorted(name for name in KNOWN if name in theirs and not differs(theirs[name], ours.get(name)))
+    if same:  # a difference kept on purpose that is gone: its entry is stale
+        print("known differences that did not show: " + ", ".join(same))
     print(f"{len(theirs)} cases, {new} unexpected differences; logs in {log_dir}")
     return 1 if new else 0
 
