@@ -135,7 +135,8 @@ def test_auto_complete_parses_the_completed_config(tmp_path):
 def test_auto_complete_failure_names_the_model(tmp_path):
     model_dir = make_model(tmp_path, RAISES, name="bad")
     with pytest.raises(ServerError) as err:
-        asyncio.run(auto_complete(model_dir, 1, parse_config_text("max_batch_size: 8")))
+        asyncio.run(auto_complete(model_dir, 1, parse_config_text(
+            'backend: "python" max_batch_size: 8')))
     assert err.value.code == Code.INVALID_ARG
     assert err.value.message.startswith(
         "failed to auto-complete the configuration of model 'bad': auto_complete_config raised "
@@ -145,7 +146,8 @@ def test_auto_complete_failure_names_the_model(tmp_path):
 def test_auto_complete_kills_a_model_that_takes_too_long(tmp_path):
     model_dir = make_model(tmp_path, SLEEPS, name="sleepy")
     with pytest.raises(ServerError) as err:
-        asyncio.run(auto_complete(model_dir, 1, parse_config_text(""), timeout=0.5))
+        asyncio.run(auto_complete(model_dir, 1, parse_config_text('backend: "python"'),
+                                 timeout=0.5))
     assert err.value.message == ("failed to auto-complete the configuration of model 'sleepy': "
                                  "auto_complete_config did not return within 0.5 s")
 
@@ -163,11 +165,13 @@ def test_the_highest_version_the_policy_selects_is_probed(tmp_path):
     model_dir = make_model(tmp_path, ADDS_FIELDS, version=2)
     (tmp_path / "m" / "3").mkdir()
     (tmp_path / "m" / "3" / "model.py").write_text(textwrap.dedent(RAISES))
-    config = parse_config_text("version_policy { specific { versions: [2] } }")
+    config = parse_config_text(
+        'backend: "python" version_policy { specific { versions: [2] } }')
     entry = ModelEntry("m", model_dir, [2, 3])
     assert asyncio.run(complete_model_config(entry, config)).max_batch_size == 4
     with pytest.raises(ServerError):
-        asyncio.run(complete_model_config(entry, parse_config_text("max_batch_size: 8")))
+        asyncio.run(complete_model_config(entry, parse_config_text(
+            'backend: "python" max_batch_size: 8')))
 
 
 @pytest.mark.parametrize("given,layout,backend", [
