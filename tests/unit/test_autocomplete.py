@@ -11,8 +11,7 @@ import pytest
 
 from shmserve.config.parse import parse_config_text
 from shmserve.errors import Code, ServerError
-from shmserve.repository.autocomplete import (auto_complete, complete_model_config,
-                                              fill_backend_fields)
+from shmserve.repository.autocomplete import auto_complete, complete_model_config
 from shmserve.repository.scan import ModelEntry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -172,24 +171,3 @@ def test_the_highest_version_the_policy_selects_is_probed(tmp_path):
     with pytest.raises(ServerError):
         asyncio.run(complete_model_config(entry, parse_config_text(
             'backend: "python" max_batch_size: 8')))
-
-
-@pytest.mark.parametrize("given,layout,backend", [
-    ("", {"1": ["model.py"]}, "python"),
-    ("", {"10": ["model.py"], "2": []}, "python"),  # "10" sorts first
-    ("", {"2": ["model.py"], "10": []}, ""),  # only the first folder is looked at
-    ("", {"1": ["model.onnx"]}, ""),
-    ("", {}, ""),
-    ('default_model_filename: "model.py"', {}, "python"),
-    ('default_model_filename: "other.py"', {"1": ["model.py"]}, ""),
-    ('platform: "ensemble"', {"1": ["model.py"]}, ""),
-    ('backend: "onnxruntime"', {"1": ["model.py"]}, "onnxruntime"),
-])
-def test_a_config_without_backend_is_filled_as_triton_does(tmp_path, given, layout, backend):
-    for folder, files in layout.items():
-        (tmp_path / folder).mkdir()
-        for name in files:
-            (tmp_path / folder / name).write_text("")
-    config = parse_config_text(given)
-    fill_backend_fields(config, str(tmp_path))
-    assert config.backend == backend
