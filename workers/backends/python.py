@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+
 import numpy as np
 
 from workers import cuda
