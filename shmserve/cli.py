@@ -11,6 +11,7 @@ import re
 import sys
 
 from shmserve import logs, restricted_api
+from shmserve.config.backend import parse_backend_config
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
@@ -35,7 +36,7 @@ UNSUPPORTED_FLAGS = (
 # accepted, so that a Triton command line works unchanged, and the log says they have no
 # effect. None changes what a well-behaved client's request gets.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
-                   "backend-directory", "backend-config", "pinned-memory-pool-byte-size",
+                   "backend-directory", "pinned-memory-pool-byte-size",
                    "cuda-memory-pool-byte-size", "buffer-manager-thread-count", "host-policy",
                    "min-supported-compute-capability", "grpc-infer-allocation-pool-size",
                    "grpc-max-response-pool-size", "repoagent-directory", "cache-directory",
@@ -296,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let clients register system and CUDA shared-memory regions (default "
                         "false, as Triton since 2.68)")
     p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--backend-config", action="append", default=[],
+                   metavar="[BACKEND,]SETTING=VALUE",
+                   help="a backend's setting, or every backend's without BACKEND (as Triton: "
+                        "onnxruntime,default-max-batch-size=8)")
     p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
                    help="deprecated Triton spelling: true means --disable-auto-complete-config")
     p.add_argument("--log-verbose", type=int, default=0)
@@ -374,6 +379,10 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
                                     log_frequency=args.trace_log_frequency)
     except ServerError as exc:
         build_parser().error(exc.message)
+    try:
+        backend_config = parse_backend_config(args.backend_config)
+    except ValueError as exc:
+        build_parser().error(str(exc))
     if args.response_cache_byte_size is not None and not args.cache_config:
         cache_size = args.response_cache_byte_size
     options = Options(
@@ -383,6 +392,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         repository_poll_secs=args.repository_poll_secs,
         model_config_name=args.model_config_name,
         disable_auto_complete=args.disable_auto_complete_config or bool(args.strict_model_config),
+        backend_config=backend_config,
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,

@@ -49,6 +49,8 @@ class Options:
     repository_poll_secs: int = 15
     model_config_name: Optional[str] = None
     disable_auto_complete: bool = False
+    # --backend-config: {backend, or "" for every backend: {setting: value}}
+    backend_config: dict = field(default_factory=dict)
     server_id: str = "shmserve"
     strict_readiness: bool = True
     exit_timeout_secs: int = 30
@@ -137,6 +139,7 @@ class Server:
         self.loader = Loader(self.registry, options.model_repository,
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
+                             backend_config=options.backend_config,
                              load_retries=options.model_load_retry_count,
                              summary_quantiles=(options.metrics_summary_quantiles
                                                 if options.allow_metrics else ()),

@@ -1,7 +1,7 @@
 """Worker process entry: `python -m workers <fd> [<spin_us> [<front pid>]]`.
 
 The front passes one end of a socketpair as file descriptor <fd>. The worker reads Init,
-loads the model, answers Ready, then serves frames until Shutdown. Should the front process
+loads the model with its backend (workers/backends), answers Ready, then serves frames until Shutdown. Should the front process
 exit without a Shutdown (killed), the worker unlinks the front's shared memory and exits, even
 in the middle of the model's execute() (see front_watch.py).
 
@@ -103,8 +103,7 @@ def _serve(fd: int, spin_us) -> tuple:
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, STREAM_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
     from shmserve.ipc.shm import Segment
-    from workers import cuda
-    from workers.runner import ModelRunner, RunnerError
+    from workers import backends, cuda
 
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.
     keep_large_blocks(WORKER_RETAIN)
@@ -134,7 +133,7 @@ def _serve(fd: int, spin_us) -> tuple:
     try:
         if init.state_arena:
             state_arena = Segment.attach(init.state_arena)
-        runner = ModelRunner(
+        instance = backends.load(backends.Context(
             model_name=init.model_name,
             model_version=init.model_version,
             model_dir=init.model_dir,
@@ -145,22 +144,21 @@ def _serve(fd: int, spin_us) -> tuple:
             model_repository=init.model_repository,
             state_memory=None if state_arena is None else state_arena.buffer,
             state_reserve=None if state_arena is None else state_arena.reserve,
-        )
-        runner.initialize()
-        if spin is not None and runner.decoupled:
+        ))
+        if spin is not None and instance.decoupled:
             spin.spin_s = max(spin.spin_s, STREAM_SPIN_US / 1e6)
         from workers.loop import WorkerLoop
-        loop = WorkerLoop(channel, reader, runner, init, spin)
+        loop = WorkerLoop(channel, reader, instance, init, spin)
     except Exception as exc:  # reported to the front, which marks the model unavailable
-        # A RunnerError's message is the whole story, in Triton's words.
-        channel.send(messages.Ready(str(exc) if isinstance(exc, RunnerError)
+        # A BackendError's message is the whole story, in Triton's words.
+        channel.send(messages.Ready(str(exc) if isinstance(exc, backends.BackendError)
                                     else f"{type(exc).__name__}: {exc}"))
         return 1, True
     # The model and its libraries live as long as the worker: out of the collector's sight,
     # full collections between batches scan only what requests leave behind.
     gc.freeze()
     uuid = cuda.gpu_uuid(init.device_id) if init.instance_kind == "GPU" else ""
-    channel.send(messages.Ready("", runner.has_readiness_hook, uuid))
+    channel.send(messages.Ready("", instance.has_readiness_hook, uuid))
     from workers import metrics_report
     metrics_report.start(channel, init.metrics_fd)
     try:

@@ -74,7 +74,7 @@ MAX_BACKED_UP = 1024
 def take_answers(responses: list, requests: list, fds: list, backed_up: set,
                  inline_threshold: int) -> list:
     """The prepared answers of the batch's `requests` (messages.RequestFrame) whose response
-    (runner.RunnerResponse, in the same order) matches, for write_answers: [(socket, [(request
+    (batch.Response, in the same order) matches, for write_answers: [(socket, [(request
     index, answer bytes)])], the sockets being `fds` (the batch's distinct sockets, which each
     answer names by index). The Result says these requests are answered `by_worker`. A socket
     in `backed_up` is left to the front: it still has the rest of an earlier answer to write.

@@ -1,4 +1,5 @@
-"""The worker's frame loop: frames in, frames out. Knows no models (that is runner.py).
+"""The worker's frame loop: frames in, frames out. Knows no models: it runs batches on the
+instance a backend loaded (workers/backends).
 
 A batch's inputs arrive as one block, inline or in a slot of the input arena; each input is a
 slice of it, which the model sees as a zero-copy view. Outputs above the inline threshold are
@@ -40,7 +41,7 @@ from shmserve.ipc.shm import Segment
 from workers import cuda
 from workers.answers import ClientSockets, take_answers, write_answers
 from workers.device_tensors import DeviceInputs, KeptOutputs
-from workers.runner import RunnerInput, RunnerRequest, RunnerResponse
+from workers.backends.batch import Input, Request, Response
 
 log = logging.getLogger("shmserve.worker")
 
@@ -55,13 +56,13 @@ _WAIT_S = 0.002
 
 
 class WorkerLoop:
-    def __init__(self, channel, reader, runner, init: messages.Init, spin=None):
-        """`channel` sends; `reader` (server_calls.FrameReader) receives. `spin`: the
-        channel's IdleSpin, if it polls."""
+    def __init__(self, channel, reader, instance, init: messages.Init, spin=None):
+        """`channel` sends; `reader` (server_calls.FrameReader) receives; `instance`: the
+        model instance its backend loaded. `spin`: the channel's IdleSpin, if it polls."""
         self._channel = channel
         self._spin = spin
         self._reader = reader
-        self._runner = runner
+        self._instance = instance
         self._inline_threshold = init.inline_threshold
         self._input_arena = Segment.attach(init.input_arena)
         self._output_arena = Segment.attach(init.output_arena)
@@ -96,11 +97,11 @@ class WorkerLoop:
                     if msg.kept:
                         self._kept.release(msg.kept)
                 elif isinstance(msg, messages.CheckReady):
-                    self._channel.send(messages.ReadyState(self._runner.is_ready()))
+                    self._channel.send(messages.ReadyState(self._instance.is_ready()))
                 elif isinstance(msg, messages.Shutdown):
                     self._tell_written()
                     try:
-                        self._runner.finalize()
+                        self._instance.finalize()
                     except Exception:
                         log.exception("finalize() failed")
                     finally:
@@ -146,15 +147,15 @@ class WorkerLoop:
     def _run_batch(self, msg: messages.Execute, client_fds: list) -> None:
         block = self._input_block(msg.input_block)
         table = self._table
-        decoupled = self._runner.decoupled
+        decoupled = self._instance.decoupled
         requests = []
         unreadable = {}  # index in the batch -> error response of a request whose region failed
         for r in msg.requests:
             try:
-                inputs = [self._runner_input(t, block) for t in r.inputs]
+                inputs = [self._batch_input(t, block) for t in r.inputs]
             except ValueError as exc:
                 inputs = []
-                unreadable[len(requests)] = RunnerResponse([], ("INVALID_ARG", str(exc)), {})
+                unreadable[len(requests)] = Response([], ("INVALID_ARG", str(exc)), {})
             targets = r.output_regions
             send = self._send_stream_response
             if targets or r.device_outputs:
@@ -167,7 +168,7 @@ class WorkerLoop:
                 else:
                     # A rescheduled request keeps its row, and the count of what it sent.
                     respond = self._carried.pop(r.row, None) or _RowResponder(table, r.row, send)
-            requests.append(RunnerRequest(
+            requests.append(Request(
                 request_id=r.request_id,
                 correlation_id=r.correlation_id,
                 flags=r.flags,
@@ -183,7 +184,7 @@ class WorkerLoop:
                 timeout_us=r.timeout_us,
             ))
         runnable = [req for i, req in enumerate(requests) if i not in unreadable]
-        responses, timings = self._runner.execute(runnable)
+        responses, timings = self._instance.execute(runnable)
         if unreadable:
             if decoupled:
                 for i, error in unreadable.items():
@@ -193,7 +194,7 @@ class WorkerLoop:
                 responses = [unreadable[i] if i in unreadable else next(answered)
                              for i in range(len(requests))]
         rescheduled = ([i for i, req in enumerate(requests) if req.rescheduled]
-                       if self._runner.iterative else [])
+                       if self._instance.iterative else [])
         if decoupled:
             for i in rescheduled:
                 self._carried[msg.requests[i].row] = requests[i].respond
@@ -231,18 +232,18 @@ class WorkerLoop:
                 # hold whole answers.
                 table.mark_written(msg.batch_id)
 
-    def _runner_input(self, ref: messages.TensorRef, block: memoryview) -> RunnerInput:
+    def _batch_input(self, ref: messages.TensorRef, block: memoryview) -> Input:
         location = ref.location
         if len(location) == 5:
             buffer = self._device_inputs.input(location, ref.datatype)
         elif len(location) == 3:
             buffer = self._regions.input(location, ref.datatype)
             if self._regions.in_host_memory(location[0]):
-                return RunnerInput(ref.name, ref.datatype, ref.shape, buffer, location)
+                return Input(ref.name, ref.datatype, ref.shape, buffer, location)
         else:
             offset, nbytes = location
             buffer = block[offset:offset + nbytes]
-        return RunnerInput(ref.name, ref.datatype, ref.shape, buffer)
+        return Input(ref.name, ref.datatype, ref.shape, buffer)
 
     def _frame(self, resp, targets: dict, on_device=()) -> messages.ResponseFrame:
         if resp.error is not None:

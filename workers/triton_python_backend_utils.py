@@ -1,15 +1,15 @@
 """shmserve's `triton_python_backend_utils` (imported by models as `pb_utils`).
 
-The API of Triton's Python backend module of the same name, written for shmserve: the runner puts
-this module in `sys.modules` under that name before it imports a model, so `model.py` files
-written for Triton run unchanged. Names, signatures, constants and error texts follow Triton.
+The API of Triton's Python backend module of the same name, written for shmserve: our Python
+backend puts this module in `sys.modules` under that name before it imports a model, so
+`model.py` files written for Triton run unchanged. Names, signatures, constants and error texts follow Triton.
 One addition is shmserve's own: `batched_input`, a zero-copy [N, ...] view of an input over a
 batch of requests.
 
 Tensors hold a numpy array (or a cupy array for GPU tensors made with `Tensor.from_dlpack`).
 BYTES tensors hold object arrays of bytes; BF16 tensors hold their bits as uint16 storage.
-The runner (workers/runner.py) is the backend side of these classes and reads their underscore
-attributes directly.
+The Python backend (workers/backends/python.py) is the backend side of these classes and reads
+their underscore attributes directly.
 """
 
 import asyncio
@@ -25,6 +25,7 @@ import numpy as np
 
 from shmserve.ipc import datatypes
 from workers import cuda, dlpack
+from workers.backends.batch import batch_view
 
 # Triton hands parameters() to the model as compact JSON: {"k":"v","n":7}.
 _COMPACT = (",", ":")
@@ -231,7 +232,7 @@ class Tensor:
     @classmethod
     def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None,
               origin: list | None = None) -> "Tensor":
-        """A tensor over an array already in wire layout (no checks, no copy): the runner's path."""
+        """A tensor over an array already in wire layout (no checks, no copy): the backend's path."""
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
@@ -500,7 +501,7 @@ class InferenceRequest:
         trace_id: int = 0,
         trace_context: str = "",
     ) -> "InferenceRequest":
-        """A request handed to execute(): the runner's path, without the BLS argument checks."""
+        """A request handed to execute(): the backend's path, without the BLS argument checks."""
         request = cls.__new__(cls)
         request._request_id = request_id
         request._correlation_id = correlation_id
@@ -775,51 +776,13 @@ def batched_input(requests, name):
     arrays = [tensor.as_numpy() for tensor in tensors]
     if len(arrays) == 1:
         return arrays[0]
-    view = _batch_view(arrays)
+    view = batch_view(arrays)
     if view is not None:
         return view
     try:
         return np.concatenate(arrays)
     except ValueError as exc:
         raise TritonModelException(f"batched_input: cannot batch input '{name}': {exc}") from None
-
-
-def _batch_view(arrays):
-    """One array over `arrays` when they lie back to back in one buffer, in order, with one
-    dtype and row shape (as the inputs of a batch do in the block the server hands the
-    worker); else None. Checked here, when a model asks, so that batches of models that never
-    ask cost nothing."""
-    first = arrays[0]
-    if first.ndim == 0 or first.dtype.hasobject or not first.flags.c_contiguous:
-        return None
-    owner = _memory_owner(first)
-    dtype, row = first.dtype, first.shape[1:]
-    end = first.__array_interface__["data"][0] + first.nbytes
-    rows = first.shape[0]
-    for array in arrays[1:]:
-        if (array.dtype != dtype or array.shape[1:] != row or not array.flags.c_contiguous
-                or array.__array_interface__["data"][0] != end
-                or _memory_owner(array) is not owner):
-            return None
-        end += array.nbytes
-        rows += array.shape[0]
-    # Every piece lies inside the owner's memory and they touch, so the span does too. The
-    # strides are spelled out: numpy may give a dimension of size 1 any stride.
-    shape = (rows, *row)
-    strides = []
-    step = dtype.itemsize
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= dim
-    return np.lib.stride_tricks.as_strided(first, shape=shape, strides=strides[::-1])
-
-
-def _memory_owner(array):
-    """The object whose memory `array` views (the exporter behind a memoryview)."""
-    base = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return base.obj if isinstance(base, memoryview) else base
 
 
 def get_output_tensor_by_name(inference_response, name):
@@ -847,7 +810,7 @@ def using_decoupled_model_transaction_policy(model_config):
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
-# --- model context (set by the runner) ----------------------------------------------------------
+# --- model context (set by the Python backend) ------------------------------------------
 
 _model_dir = ""
 _instance_name = ""  # as Triton's stub names it in errors
@@ -873,7 +836,7 @@ def _set_server_calls(reader) -> None:
 
 
 # Whether the instance is past initialize() and not in finalize(): BLS calls are only made
-# then, as in Triton (the runner says when).
+# then, as in Triton (the backend says when).
 _bls_allowed = False
 
 

@@ -2,18 +2,20 @@
 
 Follows Triton's NormalizeModelConfig / NormalizeInstanceGroup (defaults) and
 ValidateModelConfig / ValidateModelIOConfig / ValidateInstanceGroup (checks), with Triton's
-error texts where they are readable, for the one backend shmserve runs: "python".
+error texts where they are readable. The backend fields are filled in and checked by
+backend.py.
 """
 
 import re
 
+from shmserve.config.backend import ENSEMBLE_PLATFORM, check_backend_fields
 from shmserve.errors import invalid_arg
 from shmserve.proto import (DataType, ModelConfig, ModelInput, ModelInstanceGroup,
                             ModelQueuePolicy, ModelSequenceBatching)
 
-ENSEMBLE_PLATFORM = "ensemble"
-PYTHON_BACKEND = "python"
-PYTHON_MODEL_FILENAME = "model.py"
+# Backends whose CPU instance groups get two instances when the config gives no count (Triton's
+# SetDefaultInstanceCount).
+_TWO_CPU_INSTANCES = ("onnxruntime", "tensorflow")
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
 WILDCARD_DIM = -1
 _TAG_KEY = re.compile(r"(?![_])[A-Za-z0-9_]*")
@@ -45,6 +47,7 @@ def normalize_config(config: ModelConfig, model_name: str, gpu_count: int) -> Mo
     if not result.HasField("version_policy"):
         result.version_policy.latest.num_versions = 1
     _check_metric_tags(result)
+    check_backend_fields(result)
     if result.platform == ENSEMBLE_PLATFORM:
         # The steps are checked against their models once those are loaded
         # (scheduling/ensemble.py); here, what the ensemble's own config must be.
@@ -81,8 +84,6 @@ def _check_enums(message, model_name: str) -> None:
 
 
 def _fill_defaults(config: ModelConfig) -> None:
-    if config.backend == PYTHON_BACKEND and not config.default_model_filename:
-        config.default_model_filename = PYTHON_MODEL_FILENAME
     scheduling = config.WhichOneof("scheduling_choice")
     if scheduling == "dynamic_batching":
         batching = config.dynamic_batching
@@ -113,18 +114,14 @@ def _normalize_instance_groups(config: ModelConfig, gpu_count: int) -> None:
             on_gpus = gpu_count > 0 and all(0 <= gpu < gpu_count for gpu in group.gpus)
             group.kind = ModelInstanceGroup.KIND_GPU if on_gpus else ModelInstanceGroup.KIND_CPU
         if group.count < 1:
-            group.count = 1
+            group.count = (2 if group.kind == ModelInstanceGroup.KIND_CPU
+                           and config.backend in _TWO_CPU_INSTANCES else 1)
         if group.kind == ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.extend(range(gpu_count))
 
 
 def _check_model(config: ModelConfig) -> None:
     name = config.name
-    if config.backend != PYTHON_BACKEND:
-        got = (f"backend '{config.backend}'" if config.backend
-               else f"platform '{config.platform}'" if config.platform else "no backend")
-        raise invalid_arg(f"model '{name}' has {got}: shmserve serves only models with "
-                          f"backend \"{PYTHON_BACKEND}\" and platform \"{ENSEMBLE_PLATFORM}\"")
     if config.max_batch_size < 0:
         raise invalid_arg(f"'max_batch_size' must be non-negative value for {name}")
     if config.HasField("ensemble_scheduling"):

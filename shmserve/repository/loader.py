@@ -20,6 +20,8 @@ import time
 from shmserve import proto
 from shmserve import registry as reg
 from shmserve.classification import read_labels
+from shmserve.config.backend import (backend_settings, check_backend_fields,
+                                     fill_backend_fields, require_backend)
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
@@ -28,7 +30,7 @@ from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.repository.autocomplete import complete_model_config, fill_backend_fields
+from shmserve.repository.autocomplete import complete_model_config
 from shmserve.repository.instances import (config_change_requires_reload, match,
                                            version_source, wanted_instances)
 from shmserve.repository.scan import select_versions
@@ -85,7 +87,7 @@ class Loader:
                  summary_quantiles: tuple = (), rate_limiter=None,
                  worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None,
                  pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US,
-                 gpu_metric_labels: bool = False):
+                 gpu_metric_labels: bool = False, backend_config: dict | None = None):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
@@ -96,7 +98,9 @@ class Loader:
         next while it runs one (--pipeline-below-us); `gpu_metric_labels`: whether the
         metrics count GPU instances' work under their GPU's `gpu_uuid` (GPU metrics on).
         `on_instance_added(pool, instance)` and `on_instance_removed(instance)`: an instance
-        group update added an instance to a serving pool, or is stopping one it removed."""
+        group update added an instance to a serving pool, or is stopping one it removed.
+        `backend_config`: --backend-config settings, {backend or "" for all: {key: value}}."""
+        self._backend_config = backend_config or {}
         self._gpu_metric_labels = gpu_metric_labels
         self._rate_limiter = rate_limiter
         self._pipeline_below_us = pipeline_below_us
@@ -233,9 +237,14 @@ class Loader:
             # Without auto-complete, Triton requires every model to have a config file.
             config = read_model_config(entry.path, self._config_name,
                                        autofill=self._auto_complete)
-        fill_backend_fields(config, entry.path)
+        fill_backend_fields(config, entry.path, entry.name)
+        # Before the backend runs anything: a mismatch, or a backend that cannot run here,
+        # is told as such rather than as whatever auto-complete would make of it.
+        check_backend_fields(config)
+        require_backend(config)
         if self._auto_complete:
-            config = await complete_model_config(entry, config)
+            config = await complete_model_config(
+                entry, config, backend_settings(self._backend_config, config.backend))
         return config
 
     def _normalize(self, config, name: str):

@@ -11,8 +11,7 @@ import pytest
 
 from shmserve.config.parse import parse_config_text
 from shmserve.errors import Code, ServerError
-from shmserve.repository.autocomplete import (auto_complete, complete_model_config,
-                                              fill_backend_fields)
+from shmserve.repository.autocomplete import auto_complete, complete_model_config
 from shmserve.repository.scan import ModelEntry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -135,7 +134,8 @@ def test_auto_complete_parses_the_completed_config(tmp_path):
 def test_auto_complete_failure_names_the_model(tmp_path):
     model_dir = make_model(tmp_path, RAISES, name="bad")
     with pytest.raises(ServerError) as err:
-        asyncio.run(auto_complete(model_dir, 1, parse_config_text("max_batch_size: 8")))
+        asyncio.run(auto_complete(model_dir, 1, parse_config_text(
+            'backend: "python" max_batch_size: 8')))
     assert err.value.code == Code.INVALID_ARG
     assert err.value.message.startswith(
         "failed to auto-complete the configuration of model 'bad': auto_complete_config raised "
@@ -145,7 +145,8 @@ def test_auto_complete_failure_names_the_model(tmp_path):
 def test_auto_complete_kills_a_model_that_takes_too_long(tmp_path):
     model_dir = make_model(tmp_path, SLEEPS, name="sleepy")
     with pytest.raises(ServerError) as err:
-        asyncio.run(auto_complete(model_dir, 1, parse_config_text(""), timeout=0.5))
+        asyncio.run(auto_complete(model_dir, 1, parse_config_text('backend: "python"'),
+                                 timeout=0.5))
     assert err.value.message == ("failed to auto-complete the configuration of model 'sleepy': "
                                  "auto_complete_config did not return within 0.5 s")
 
@@ -163,29 +164,10 @@ def test_the_highest_version_the_policy_selects_is_probed(tmp_path):
     model_dir = make_model(tmp_path, ADDS_FIELDS, version=2)
     (tmp_path / "m" / "3").mkdir()
     (tmp_path / "m" / "3" / "model.py").write_text(textwrap.dedent(RAISES))
-    config = parse_config_text("version_policy { specific { versions: [2] } }")
+    config = parse_config_text(
+        'backend: "python" version_policy { specific { versions: [2] } }')
     entry = ModelEntry("m", model_dir, [2, 3])
     assert asyncio.run(complete_model_config(entry, config)).max_batch_size == 4
     with pytest.raises(ServerError):
-        asyncio.run(complete_model_config(entry, parse_config_text("max_batch_size: 8")))
-
-
-@pytest.mark.parametrize("given,layout,backend", [
-    ("", {"1": ["model.py"]}, "python"),
-    ("", {"10": ["model.py"], "2": []}, "python"),  # "10" sorts first
-    ("", {"2": ["model.py"], "10": []}, ""),  # only the first folder is looked at
-    ("", {"1": ["model.onnx"]}, ""),
-    ("", {}, ""),
-    ('default_model_filename: "model.py"', {}, "python"),
-    ('default_model_filename: "other.py"', {"1": ["model.py"]}, ""),
-    ('platform: "ensemble"', {"1": ["model.py"]}, ""),
-    ('backend: "onnxruntime"', {"1": ["model.py"]}, "onnxruntime"),
-])
-def test_a_config_without_backend_is_filled_as_triton_does(tmp_path, given, layout, backend):
-    for folder, files in layout.items():
-        (tmp_path / folder).mkdir()
-        for name in files:
-            (tmp_path / folder / name).write_text("")
-    config = parse_config_text(given)
-    fill_backend_fields(config, str(tmp_path))
-    assert config.backend == backend
+        asyncio.run(complete_model_config(entry, parse_config_text(
+            'backend: "python" max_batch_size: 8')))

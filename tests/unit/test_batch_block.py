@@ -14,6 +14,7 @@ from shmserve.ipc import datatypes, messages
 
 CONFIG = {
     "name": "block",
+    "backend": "python",
     "max_batch_size": 8,
     "input": [
         {"name": "A", "data_type": "TYPE_FP32", "dims": [-1]},

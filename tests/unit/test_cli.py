@@ -187,9 +187,23 @@ def test_triton_tuning_flags_are_accepted_even_repeated(tmp_path):
             "--min-supported-compute-capability=6.0", "--http-thread-count=8",
             "--grpc-http2-max-pings-without-data=0", "--reuse-grpc-port=true"]
     options, args = parse_options(argv)
-    assert args.backend_config == ["python,shm-default-byte-size=16777216",
-                                   "python,stub-timeout-seconds=30"]
+    assert options.backend_config == {"python": {"shm-default-byte-size": "16777216",
+                                                 "stub-timeout-seconds": "30"}}
     assert options.model_repository == [str(tmp_path / "missing")]
+
+
+def test_backend_config_global_and_per_backend():
+    options, _ = parse_options(["--model-repository=/r",
+                                "--backend-config=default-max-batch-size=8",
+                                "--backend-config=onnxruntime,default-max-batch-size=2"])
+    assert options.backend_config == {"": {"default-max-batch-size": "8"},
+                                      "onnxruntime": {"default-max-batch-size": "2"}}
+
+
+def test_a_malformed_backend_config_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model-repository=/r", "--backend-config=onnxruntime,nothing"])
+    assert "--backend-config 'onnxruntime,nothing'" in capsys.readouterr().err
 
 
 def test_metrics_config():

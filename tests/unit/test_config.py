@@ -148,7 +148,6 @@ def test_defaults_are_filled_and_rendered():
     assert rendered["name"] == "m"
     assert rendered["version_policy"] == {"latest": {"num_versions": 1}}
     assert rendered["max_batch_size"] == 0
-    assert rendered["default_model_filename"] == "model.py"
     assert rendered["optimization"]["input_pinned_memory"] == {"enable": True}
     assert rendered["optimization"]["output_pinned_memory"] == {"enable": True}
     assert rendered["instance_group"] == [{
@@ -282,9 +281,10 @@ def _io(dims: str, extra: str = "", kind: str = "input") -> str:
 
 
 @pytest.mark.parametrize("text,reason", [
-    ('platform: "onnxruntime_onnx"', "has platform 'onnxruntime_onnx'"),
-    ('backend: "pytorch"', "has backend 'pytorch'"),
-    ("", "has no backend"),
+    # backend fields (filled in before normalization, see test_backend_resolution.py)
+    ('platform: "onnxruntime_onnx"', "unexpected platform type 'onnxruntime_onnx' for m"),
+    ('backend: "pytorch"', "unexpected 'platform' and 'backend' pair, got:, pytorch"),
+    ("", "unexpected platform type '' for m"),
     ('backend: "python" max_batch_size: -1', "'max_batch_size' must be non-negative value for m"),
     ('backend: "python" ensemble_scheduling {}', "ensemble scheduling cannot be set for model 'm'"),
     # inputs and outputs

@@ -15,7 +15,9 @@ from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES, IdleSp
 from shmserve.ipc.shm import Segment
 from workers import triton_python_backend_utils as pb_utils
 from workers.loop import WorkerLoop
-from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
+from workers.backends import BackendError, Context
+from workers.backends.batch import Input, Request
+from workers.backends.python import PythonModel
 from workers.sequence import END, START, SequenceConfigError, SequenceExtras
 from workers.server_calls import FrameReader
 
@@ -374,10 +376,10 @@ def make_runner(tmp_path):
         model_dir = tmp_path / config["name"]
         (model_dir / "1").mkdir(parents=True, exist_ok=True)
         (model_dir / "1" / "model.py").write_text(textwrap.dedent(source))
-        runner = ModelRunner(
+        runner = PythonModel(Context(
             model_name=config["name"], model_version=1, model_dir=str(model_dir),
             model_config=config, instance_name=f"{config['name']}_0_0", instance_kind="CPU",
-            device_id=0, model_repository=str(tmp_path), state_memory=memory)
+            device_id=0, model_repository=str(tmp_path), state_memory=memory))
         runner.initialize()
         runners.append(runner)
         return runner
@@ -389,10 +391,10 @@ def make_runner(tmp_path):
 
 def request(value, slot, flags=0, ready=True, correlation_id=None, request_id="r", **kwargs):
     data = np.array([[value]], np.int32).tobytes()
-    return RunnerRequest(
+    return Request(
         request_id=request_id, parameters={}, flags=flags,
         correlation_id=slot + 100 if correlation_id is None else correlation_id,
-        inputs=[RunnerInput("IN", "INT32", [1, 1], data)], requested_output_names=["OUT"],
+        inputs=[Input("IN", "INT32", [1, 1], data)], requested_output_names=["OUT"],
         sequence_slot=slot, ready=ready, **kwargs)
 
 
@@ -456,7 +458,7 @@ def test_a_wrong_state_type_fails_only_its_request(make_runner):
 def test_a_bad_sequence_config_fails_the_load(make_runner):
     config = config_with(state=[dict(ZERO_STATE, initial_state=[
         {"data_type": "TYPE_INT32", "dims": [1], "data_file": "nope"}])])
-    with pytest.raises(RunnerError, match="sequence batching of model 'acc': cannot read"):
+    with pytest.raises(BackendError, match="sequence batching of model 'acc': cannot read"):
         make_runner(ACCUMULATOR, config=config)
 
 

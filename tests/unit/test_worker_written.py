@@ -18,7 +18,8 @@ from shmserve.ipc.shm import Segment
 from tests.unit.test_prepared_answers import _read_all as read_all
 from workers import loop
 from workers.loop import WorkerLoop
-from workers.runner import ModelRunner
+from workers.backends import Context
+from workers.backends.python import PythonModel
 from workers.server_calls import FrameReader
 
 CONFIG = {"name": "ident", "max_batch_size": 8,
@@ -75,9 +76,9 @@ def worker(tmp_path, monkeypatch):
     model_dir = tmp_path / "ident"
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
-    runner = ModelRunner(model_name="ident", model_version=1, model_dir=str(model_dir),
+    runner = PythonModel(Context(model_name="ident", model_version=1, model_dir=str(model_dir),
                          model_config=CONFIG, instance_name="ident_0_0", instance_kind="CPU",
-                         device_id=0, model_repository=str(tmp_path))
+                         device_id=0, model_repository=str(tmp_path)))
     runner.initialize()
     monkeypatch.setattr(loop, "CARRY_WRITTEN_BELOW_NS", CARRY_BELOW_NS)
     segments = [Segment.create(f"/shmtest_written_{os.getpid()}_{tag}", size)

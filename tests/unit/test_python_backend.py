@@ -1,4 +1,4 @@
-"""ModelRunner with small model.py files written into a temporary repository."""
+"""The Python backend (PythonModel) with small model.py files written into a temporary repository."""
 
 import importlib
 import json
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from shmserve.ipc import datatypes
-from workers.runner import ModelRunner, RunnerError, RunnerInput, RunnerRequest
+from workers.backends import BackendError, Context
+from workers.backends.batch import Input, Request
+from workers.backends.python import PythonModel
 
 CONFIG = {
     "name": "m",
@@ -50,11 +52,11 @@ def make_runner(tmp_path):
         (model_dir / "1" / filename).write_text(textwrap.dedent(source))
         for name, text in (files or {}).items():
             (model_dir / "1" / name).write_text(textwrap.dedent(text))
-        runner = ModelRunner(
+        runner = PythonModel(Context(
             model_name=config["name"], model_version=1, model_dir=str(model_dir),
             model_config=config, instance_name=f"{config['name']}_0_0", instance_kind="CPU",
             device_id=0, model_repository=str(model_dir),
-        )
+        ))
         runners.append(runner)
         return runner
 
@@ -67,10 +69,10 @@ def fp32_request(values, request_id="r", outputs=("OUT", "EXTRA"), buffer=None, 
     array = np.asarray(values, dtype=np.float32)
     data = array.tobytes() if buffer is None else buffer
     fields = dict(request_id=request_id, correlation_id=0, flags=0, parameters={},
-                  inputs=[RunnerInput("IN", "FP32", list(array.shape), data)],
+                  inputs=[Input("IN", "FP32", list(array.shape), data)],
                   requested_output_names=list(outputs))
     fields.update(kwargs)
-    return RunnerRequest(**fields)
+    return Request(**fields)
 
 
 def run(runner, *requests):
@@ -171,7 +173,7 @@ IMPORT_FRAMES = ("  <frozen importlib._bootstrap>({}): _call_with_frames_removed
 ])
 def test_load_failures_raise_runner_error(make_runner, source, message):
     runner = make_runner(source)
-    with pytest.raises(RunnerError) as failed:
+    with pytest.raises(BackendError) as failed:
         runner.initialize()
     path = os.path.join(runner._model_dir, "1", "model.py")
     # The importer's line numbers belong to the Python version.
@@ -181,7 +183,7 @@ def test_load_failures_raise_runner_error(make_runner, source, message):
 
 def test_missing_model_file(make_runner):
     runner = make_runner(DOUBLE, config=dict(CONFIG, default_model_filename="absent.py"))
-    with pytest.raises(RunnerError, match="Python model file not found"):
+    with pytest.raises(BackendError, match="Python model file not found"):
         runner.initialize()
 
 
@@ -349,10 +351,10 @@ def test_bytes_and_bf16_round_trip(make_runner):
     """, config=config)
     runner.initialize()
     bf16 = np.array([0x3F80, 0xC000], dtype=np.uint16)
-    request = RunnerRequest(
+    request = Request(
         request_id="", correlation_id=0, flags=0, parameters={},
-        inputs=[RunnerInput("S", "BYTES", [2], datatypes.serialize_bytes([b"ab", b"c"])),
-                RunnerInput("H", "BF16", [2], bf16.tobytes())],
+        inputs=[Input("S", "BYTES", [2], datatypes.serialize_bytes([b"ab", b"c"])),
+                Input("H", "BF16", [2], bf16.tobytes())],
         requested_output_names=["S_OUT", "H_OUT"])
     out = outputs_of(run(runner, request)[0])
     assert out["S_OUT"].datatype == "BYTES" and out["S_OUT"].array.dtype == np.object_
@@ -597,8 +599,8 @@ def block_requests(tensors, gaps=None):
     for k, ((datatype, shape, data), gap) in enumerate(zip(tensors, gaps)):
         offset += gap
         block[offset:offset + len(data)] = data
-        tensor = RunnerInput("IN", datatype, list(shape), block[offset:offset + len(data)])
-        requests.append(RunnerRequest(f"r{k}", 0, 0, {}, [tensor], ["OUT"]))
+        tensor = Input("IN", datatype, list(shape), block[offset:offset + len(data)])
+        requests.append(Request(f"r{k}", 0, 0, {}, [tensor], ["OUT"]))
         offset += len(data)
     return block, requests
 
@@ -735,8 +737,8 @@ BYTES_CONFIG = {"name": "s", "max_batch_size": 0,
 
 def _region_bytes_request(raw: bytes, count: int, request_id="q"):
     # `origin` set: the bytes are a view of a client's region, which only the worker reads.
-    return RunnerRequest(request_id=request_id, correlation_id=0, flags=0, parameters={},
-                         inputs=[RunnerInput("IN", "BYTES", [count], memoryview(raw), [1, 0, len(raw)])],
+    return Request(request_id=request_id, correlation_id=0, flags=0, parameters={},
+                         inputs=[Input("IN", "BYTES", [count], memoryview(raw), [1, 0, len(raw)])],
                          requested_output_names=["OUT"])
 
 

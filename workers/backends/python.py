@@ -1,10 +1,9 @@
-"""Runs one instance of a Triton Python-backend model on batches of requests; knows no IPC.
+"""The Python backend: a Triton Python-backend model (`<version>/model.py`, class
+`TritonPythonModel`) run on batches of requests; knows no IPC.
 
-The worker loop hands over requests whose inputs are raw wire bytes and gets back responses
-whose outputs are numpy arrays in wire layout, plus the compute timings Triton reports.
-The inputs of a batch are views of one block, where each input's tensors sit back to back, so
-`pb_utils.batched_input` can hand a model the whole batch as one array without a copy.
 The model is imported as Triton's Python backend imports it, with our `pb_utils` in its place.
+Its requests' inputs are pb_utils tensors over the batch's wire bytes (zero-copy views except
+for BYTES), so `pb_utils.batched_input` can hand a model the whole batch as one array.
 """
 
 import asyncio
@@ -18,86 +17,17 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from shmserve.ipc import datatypes
 from workers import cuda
 from workers import triton_python_backend_utils as pb_utils
+from workers.backends import AutoCompleteContext, BackendError, Context
+from workers.backends.batch import (Input, Output, Request, Response, Timings, error_response,
+                                    input_array)
 from workers.sequence import SequenceConfigError, SequenceExtras
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RunnerInput:
-    name: str
-    datatype: str
-    shape: list[int]
-    # Wire bytes: little-endian; BYTES length-prefixed; BF16 raw. A cupy uint8 array when the
-    # input is a view of a client's CUDA region.
-    buffer: memoryview | bytes
-    # [region_id, offset, nbytes] when `buffer` is a view of a system shared-memory region.
-    origin: list | None = None
-
-
-def _never_cancelled() -> bool:
-    return False
-
-
-@dataclass(slots=True)
-class RunnerRequest:
-    request_id: str
-    correlation_id: int | str
-    flags: int
-    parameters: dict
-    inputs: list[RunnerInput]
-    requested_output_names: list[str]
-    is_cancelled: Callable[[], bool] = _never_cancelled
-    # A decoupled model's way out: respond(RunnerResponse or None, final), from any thread.
-    respond: Callable[["RunnerResponse | None", bool], None] | None = None
-    # A sequence model's request: its sequence's batch slot, and False for a null request
-    # (a slot without a request in a batch), which the model sees with READY false.
-    sequence_slot: int = -1
-    ready: bool = True
-    trace_id: int = 0  # the front's trace of the request, 0 when it is not traced
-    trace_context: str = ""  # its OpenTelemetry context, in that trace mode
-    timeout_us: int = 0  # the request's timeout, as `request.timeout()` gives it
-    # Set by execute: an iterative-sequence model asked to run the request again
-    # (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE); it has no response, or no final one, yet.
-    rescheduled: bool = False
-
-
-@dataclass(slots=True)
-class RunnerOutput:
-    name: str
-    datatype: str
-    shape: list[int]
-    # C-contiguous; BYTES: object array; BF16: uint16 array. A cupy array for a GPU tensor,
-    # which is written device to device when its client region is on the GPU.
-    array: np.ndarray
-
-
-@dataclass(slots=True)
-class RunnerResponse:
-    outputs: list[RunnerOutput]
-    error: tuple[str, str] | None  # (Triton error code name, message)
-    parameters: dict
-    answered: bool = False  # the error is the model's own InferenceResponse (not a failure)
-
-
-@dataclass(slots=True)
-class Timings:
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    start_ns: int = 0  # time.perf_counter_ns() when the batch began
-
-
-class RunnerError(Exception):
-    """The model could not be loaded or initialized (or failed to finalize)."""
 
 
 class _ContractError(Exception):
@@ -135,7 +65,7 @@ class _StreamedResponses:
 
     __slots__ = ("_request", "_requested", "_sequence", "final")
 
-    def __init__(self, request: RunnerRequest, sequence: SequenceExtras | None):
+    def __init__(self, request: Request, sequence: SequenceExtras | None):
         self._request = request
         self._requested = set(request.requested_output_names)
         self._sequence = sequence
@@ -148,7 +78,7 @@ class _StreamedResponses:
                                         self._request)
         self._send(response, final)
 
-    def end_with(self, response: RunnerResponse) -> None:
+    def end_with(self, response: Response) -> None:
         self._send(response, True)
 
     def _send(self, response, final: bool) -> None:
@@ -160,42 +90,31 @@ class _StreamedResponses:
         self._request.respond(response, final)
 
 
-class ModelRunner:
-    def __init__(
-        self,
-        *,
-        model_name: str,
-        model_version: int,
-        model_dir: str,
-        model_config: dict,
-        instance_name: str,
-        instance_kind: str,
-        device_id: int,
-        model_repository: str,
-        state_memory: memoryview | None = None,
-        state_reserve=None,
-    ):
-        """`state_memory`: where a sequence model's implicit state lives (shared memory the
-        front created for this instance), or None to keep it on the heap; `state_reserve`:
-        its segment's reserve (see workers/sequence.py)."""
-        self._model_name = model_name
-        self._model_version = model_version
-        self._model_dir = model_dir
-        self._model_config = model_config
-        self._instance_name = instance_name
-        self._instance_kind = instance_kind
-        self._device_id = device_id
-        self._model_repository = model_repository
+class PythonModel:
+    """One instance of a Python-backend model (the backend interface's Instance)."""
+
+    def __init__(self, context: Context):
+        self._model_name = context.model_name
+        self._model_version = context.model_version
+        self._model_dir = context.model_dir
+        self._model_config = config = context.model_config
+        self._instance_name = context.instance_name
+        self._instance_kind = context.instance_kind
+        self._device_id = context.device_id
+        self._model_repository = context.model_repository
         self._model = None
         self._loop = None  # the instance's event loop (_event_loop), once a coroutine needs it
         self._loop_thread = None
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         try:
-            self._sequence = SequenceExtras.from_config(model_config, model_dir, instance_kind,
-                                                        state_memory, state_reserve)
+            self._sequence = SequenceExtras.from_config(config, context.model_dir,
+                                                        context.instance_kind,
+                                                        context.state_memory,
+                                                        context.state_reserve)
         except SequenceConfigError as exc:
-            raise RunnerError(f"sequence batching of model '{model_name}': {exc}") from None
-        self.iterative = bool(model_config.get("sequence_batching", {})
+            raise BackendError(f"sequence batching of model '{context.model_name}': "
+                               f"{exc}") from None
+        self.iterative = bool(config.get("sequence_batching", {})
                                .get("iterative_sequence", False))
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -204,12 +123,12 @@ class ModelRunner:
         filename = self._model_config.get("default_model_filename") or "model.py"
         stem, extension = os.path.splitext(filename)
         if extension != ".py":
-            raise RunnerError(f"Model name must end with '.py'. Model name is \"{filename}\".")
+            raise BackendError(f"Model name must end with '.py'. Model name is \"{filename}\".")
         version = str(self._model_version)
         version_dir = os.path.join(self._model_dir, version)
         path = os.path.join(version_dir, filename)
         if not os.path.isfile(path):
-            raise RunnerError(f"Python model file not found in '{path}'")
+            raise BackendError(f"Python model file not found in '{path}'")
 
         # The messages of these failures are Triton's Python backend's: the exception, then
         # the model's frames (none for an error found outside them).
@@ -217,10 +136,10 @@ class ModelRunner:
             module = import_model(self._model_dir, version, stem, self._instance_name)
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
-            raise RunnerError(_describe(exc)) from exc
+            raise BackendError(_describe(exc)) from exc
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
-            raise RunnerError(f"AttributeError: module '{module.__name__}' has no attribute "
+            raise BackendError(f"AttributeError: module '{module.__name__}' has no attribute "
                               f"'TritonPythonModel'")
         try:
             self._model = model_class()
@@ -229,7 +148,7 @@ class ModelRunner:
             pb_utils._allow_bls(True)
         except Exception as exc:
             _log.exception("initialize failed for model instance '%s'", self._instance_name)
-            raise RunnerError(_describe(exc)) from exc
+            raise BackendError(_describe(exc)) from exc
 
     def _initialize_args(self) -> dict:
         return {
@@ -262,7 +181,7 @@ class ModelRunner:
             if self._model is not None and hasattr(self._model, "finalize"):
                 self._complete(self._model.finalize())
         except Exception as exc:
-            raise RunnerError(
+            raise BackendError(
                 f"Failed to finalize model instance '{self._instance_name}': {_describe(exc)}"
             ) from exc
         finally:
@@ -317,14 +236,14 @@ class ModelRunner:
 
     # --- execute -----------------------------------------------------------------------------
 
-    def execute(self, requests: list[RunnerRequest]) -> tuple[list[RunnerResponse], Timings]:
+    def execute(self, requests: list[Request]) -> tuple[list[Response], Timings]:
         """Run one batch. A model that is not decoupled gets one response per request, in
         order; a decoupled model answers through each request's `respond`, and the list is
         empty. A request that an iterative-sequence model reschedules gets `rescheduled` set
         and, from a model that is not decoupled, an empty response."""
         start = time.perf_counter_ns()
         sequence = self._sequence
-        results: list[RunnerResponse | None] = [None] * len(requests)
+        results: list[Response | None] = [None] * len(requests)
         batch = []  # (index in `requests`, pb_utils request, its sender callback)
         for index, request in enumerate(requests):
             try:
@@ -334,7 +253,7 @@ class ModelRunner:
                     inputs = sequence.inputs(inputs, request.sequence_slot, request.flags,
                                              request.correlation_id, request.ready)
             except ValueError as exc:
-                results[index] = _error_response("INVALID_ARG", str(exc))
+                results[index] = error_response("INVALID_ARG", str(exc))
                 continue
             if self.decoupled:
                 sent = _StreamedResponses(request, sequence)
@@ -399,7 +318,7 @@ class ModelRunner:
                                                   self._sequence, request)
             elif sent.response is None and self.iterative and self._reschedules(pb_request):
                 request.rescheduled = True
-                results[index] = RunnerResponse([], None, {})
+                results[index] = Response([], None, {})
             else:
                 results[index] = self._collect(request, pb_request, sent)
         if sequence is not None:
@@ -454,8 +373,8 @@ class ModelRunner:
             # sender rejects it when the model already answered through the sender.
             pb_request._sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _collect(self, request: RunnerRequest, pb_request, sent: _SentResponse
-                 ) -> RunnerResponse:
+    def _collect(self, request: Request, pb_request, sent: _SentResponse
+                 ) -> Response:
         if sent.response is None:
             if self._reschedules(pb_request):
                 return self._internal_error(
@@ -474,12 +393,45 @@ class ModelRunner:
         return _runner_response(sent.response, pb_request._requested_output_names,
                                 self._sequence, request)
 
-    def _internal_error(self, message: str) -> RunnerResponse:
-        return _error_response(
+    def _internal_error(self, message: str) -> Response:
+        return error_response(
             "INTERNAL",
             f"Failed to process the request(s) for model instance '{self._instance_name}', "
             f"message: {message}",
         )
+
+
+def load(context: Context) -> PythonModel:
+    model = PythonModel(context)
+    model.initialize()
+    return model
+
+
+def auto_complete(context: AutoCompleteContext) -> dict:
+    """The config after the model's `TritonPythonModel.auto_complete_config`, which gets and
+    returns a pb_utils.ModelConfig; the config unchanged when the class has no such method."""
+    given = pb_utils.ModelConfig(context.config)
+    filename = context.config.get("default_model_filename") or "model.py"
+    path = os.path.join(context.model_dir, context.version, filename)
+    try:
+        module = import_model(context.model_dir, context.version, os.path.splitext(filename)[0])
+    except Exception as exc:
+        raise BackendError(f"failed to import '{path}': {type(exc).__name__}: {exc}") from exc
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise BackendError(f"'{path}' does not define class TritonPythonModel")
+    method = getattr(model_class, "auto_complete_config", None)
+    if method is None:
+        return context.config
+    try:
+        completed = method(given)
+    except Exception as exc:
+        raise BackendError(
+            f"auto_complete_config raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(completed, pb_utils.ModelConfig):
+        raise BackendError("auto_complete_config must return the pb_utils.ModelConfig it "
+                           f"was given, not {type(completed).__name__}")
+    return completed.as_dict()
 
 
 def import_model(model_dir: str, version: str, stem: str, instance_name: str = ""):
@@ -533,69 +485,33 @@ def _describe(exc: BaseException) -> str:
 
 
 # Frames of the worker and of asyncio (which runs an async execute) are not the model's.
-_OWN_CODE = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+_OWN_CODE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
              os.path.dirname(asyncio.__file__) + os.sep)
 
 
-def _error_response(code: str, message: str) -> RunnerResponse:
-    return RunnerResponse(outputs=[], error=(code, message), parameters={})
-
-
-def _input_tensor(tensor: RunnerInput, request: RunnerRequest,
-                  model_name: str) -> pb_utils.Tensor:
+def _input_tensor(tensor: Input, request: Request, model_name: str) -> pb_utils.Tensor:
     """A pb_utils.Tensor over the wire bytes: a zero-copy view except for BYTES."""
-    if tensor.datatype == "BYTES" and tensor.origin is not None:
-        # In a client's region, which only the worker reads: it checks the elements, in
-        # Triton's words (the front checks those a request carries).
-        count = datatypes.element_count(tensor.shape)
-        try:
-            datatypes.check_bytes(tensor.buffer, count)
-        except datatypes.BytesLayoutError as exc:
-            message = exc.describe(tensor.name, model_name, count)
-            if exc.problem != "data":
-                message = f"[request id: {request.request_id or '<id_unknown>'}] {message}"
-            raise ValueError(message) from None
-    try:
-        if cuda.is_device_array(tensor.buffer):  # a cupy view of a client's CUDA region
-            dtype = datatypes.numpy_dtype(tensor.datatype)
-            array = tensor.buffer.view(dtype).reshape(tensor.shape)
-            return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype,
-                                         cuda.device_id(array))
-        if tensor.datatype == "BYTES":
-            count = datatypes.element_count(tensor.shape)
-            array = np.empty(count, dtype=np.object_)
-            array[:] = datatypes.deserialize_bytes(tensor.buffer, count)
-            array = array.reshape(tensor.shape)
-        else:
-            # np.ndarray over the buffer costs a third of frombuffer and reshape, but takes a
-            # buffer longer than the shape needs: the length is checked here instead.
-            buffer = tensor.buffer
-            array = np.ndarray(tensor.shape, datatypes.numpy_dtype(tensor.datatype), buffer)
-            if array.nbytes != len(buffer):
-                raise ValueError(f"{len(buffer)} bytes for {array.nbytes}")
-    except (ValueError, TypeError, KeyError, MemoryError) as exc:
-        raise ValueError(
-            f"input '{tensor.name}' ({tensor.datatype}, shape {tensor.shape}) does not match "
-            f"its bytes: {exc}"
-        ) from None
+    array = input_array(tensor, request.request_id, model_name)
+    if cuda.is_device_array(array):  # a cupy view of a client's CUDA region
+        return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype, cuda.device_id(array))
     return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype, origin=tensor.origin)
 
 
 def _runner_response(response: pb_utils.InferenceResponse, requested: set,
-                     sequence: SequenceExtras | None, request: RunnerRequest) -> RunnerResponse:
+                     sequence: SequenceExtras | None, request: Request) -> Response:
     if response.has_error():
         error = response.error()
-        return RunnerResponse([], (error.code().name, error.message()), response._parameters,
+        return Response([], (error.code().name, error.message()), response._parameters,
                               answered=True)
     if sequence is not None:
         # Before the outputs the client did not ask for go: a state output usually is one.
         error = sequence.capture(request.sequence_slot, request.ready, response)
         if error is not None:
-            return _error_response("INTERNAL", error)
+            return error_response("INTERNAL", error)
     outputs = []
     for tensor in response.output_tensors():
         if tensor._name not in requested:
             continue
         array = tensor._array
-        outputs.append(RunnerOutput(tensor._name, tensor._datatype, list(array.shape), array))
-    return RunnerResponse(outputs, None, response._parameters)
+        outputs.append(Output(tensor._name, tensor._datatype, list(array.shape), array))
+    return Response(outputs, None, response._parameters)

@@ -1,0 +1,238 @@
+"""The ONNX Runtime backend in this process: auto-complete, parameters, load checks, batches."""
+
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+from workers.backends import AutoCompleteContext, BackendError, Context  # noqa: E402
+from workers.backends import onnxruntime as backend  # noqa: E402
+from workers.backends.batch import Input, Request  # noqa: E402
+
+
+def save(tmp_path, nodes, inputs, outputs, name="m") -> str:
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / name / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / name / "1" / "model.onnx"))
+    return str(tmp_path / name)
+
+
+def vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+@pytest.fixture
+def add_model(tmp_path):
+    return save(tmp_path, [helper.make_node("Add", ["A", "B"], ["C"])],
+                [vi("A", ["N", 4]), vi("B", ["N", 4])], [vi("C", ["N", 4])])
+
+
+def complete(model_dir, config=None, **settings):
+    config = dict({"name": "m", "backend": "onnxruntime",
+                   "default_model_filename": "model.onnx"}, **(config or {}))
+    return backend.auto_complete(AutoCompleteContext(model_dir, "1", config, settings))
+
+
+def test_auto_complete_of_a_model_that_can_batch(add_model):
+    config = complete(add_model, **{"default-max-batch-size": "4"})
+    assert config["max_batch_size"] == 4
+    assert config["dynamic_batching"] == {}
+    assert config["input"] == [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
+                               {"name": "B", "data_type": "TYPE_FP32", "dims": [4]}]
+    assert config["output"] == [{"name": "C", "data_type": "TYPE_FP32", "dims": [4]}]
+
+
+def test_auto_complete_keeps_a_given_max_batch_size_and_scheduler(add_model):
+    config = complete(add_model, {"max_batch_size": 16, "sequence_batching": {}},
+                      **{"default-max-batch-size": "4"})
+    assert config["max_batch_size"] == 16 and "dynamic_batching" not in config
+    assert complete(add_model, **{"default-max-batch-size": "1"}).get("dynamic_batching") is None
+    assert complete(add_model, **{"default-max-batch-size": "0"})["input"][0]["dims"] == [-1, 4]
+
+
+def test_a_config_listing_inputs_and_outputs_is_left_alone(add_model):
+    given = {"input": [{"name": "A"}], "output": [{"name": "C"}]}
+    assert complete(add_model, given) == dict(
+        {"name": "m", "backend": "onnxruntime", "default_model_filename": "model.onnx"}, **given)
+    # outputs alone: the inputs are completed, the outputs kept
+    partial = complete(add_model, {"output": [{"name": "C"}]}, **{"default-max-batch-size": "2"})
+    assert [t["name"] for t in partial["input"]] == ["A", "B"]
+    assert partial["output"] == [{"name": "C"}]
+
+
+def test_a_fixed_shape_model_cannot_batch(tmp_path):
+    model = save(tmp_path, [helper.make_node("Neg", ["X"], ["Y"])], [vi("X", [2, 3])],
+                 [vi("Y", [2, 3])])
+    config = complete(model, {"max_batch_size": 0}, **{"default-max-batch-size": "4"})
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+    assert config["input"][0]["dims"] == [2, 3]
+    with pytest.raises(BackendError) as err:
+        complete(model, {"max_batch_size": 8})
+    assert str(err.value) == ("autofill failed for model 'm': model does not support batching "
+                              "while non-zero max_batch_size is specified")
+
+
+def test_a_scalar_of_a_batching_model_is_reshaped(tmp_path):
+    model = save(tmp_path, [helper.make_node("Identity", ["X"], ["Y"])], [vi("X", ["N"])],
+                 [vi("Y", ["N"])])
+    config = complete(model, **{"default-max-batch-size": "4"})
+    assert config["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [1],
+                                "reshape": {"shape": []}}]
+
+
+def test_a_bad_default_max_batch_size(add_model):
+    with pytest.raises(BackendError, match="'default-max-batch-size': failed to convert 'x'"):
+        complete(add_model, **{"default-max-batch-size": "x"})
+
+
+def test_a_missing_model_file(tmp_path):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    with pytest.raises(BackendError, match=r"unable to find '.*/m/1/model.onnx' for model 'm'"):
+        complete(str(tmp_path / "m"))
+
+
+# --- parameters --------------------------------------------------------------------------------
+
+
+def params(**values) -> dict:
+    return {"name": "m", "parameters": {k: {"string_value": v} for k, v in values.items()}}
+
+
+def test_parameters_reach_the_session_options():
+    options, _ = backend.session_options(dict(
+        params(intra_op_thread_count="3", inter_op_thread_count="2", execution_mode="1",
+               enable_mem_arena="off", enable_mem_pattern="false"),
+        optimization={"graph": {"level": 2}}))
+    assert options.intra_op_num_threads == 3 and options.inter_op_num_threads == 2
+    assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+    assert not options.enable_cpu_mem_arena and not options.enable_mem_pattern
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    levels = {-1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    for level, expected in levels.items():
+        options, _ = backend.session_options({"optimization": {"graph": {"level": level}}})
+        assert options.graph_optimization_level == expected
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("intra_op_thread_count", "two", "parameter 'intra_op_thread_count': failed to convert "
+                                     "'two' to integral number"),
+    ("inter_op_thread_count", "1.5", "parameter 'inter_op_thread_count'"),
+    ("execution_mode", "3", "parameter 'execution_mode': expected 0 (sequential) or 1 "
+                            "(parallel), got 3"),
+    ("enable_mem_arena", "maybe", "parameter 'enable_mem_arena': failed to convert 'maybe' to "
+                                  "boolean"),
+    ("enable_mem_pattern", "", "parameter 'enable_mem_pattern'"),
+])
+def test_a_bad_parameter_is_named(key, value, message):
+    with pytest.raises(BackendError) as err:
+        backend.session_options(params(**{key: value}))
+    assert str(err.value).startswith("unable to load model 'm': ")
+    assert message in str(err.value)
+
+
+def test_the_default_intra_op_threads_share_the_cores_among_instances(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    groups = {"instance_group": [{"kind": "KIND_CPU", "count": 2},
+                                 {"kind": "KIND_GPU", "count": 1, "gpus": [0, 1]}]}
+    assert backend.instance_count(groups) == 4
+    assert backend.default_intra_op_threads(groups) == 2
+    options, _ = backend.session_options(groups)
+    assert options.intra_op_num_threads == 2
+    many = {"instance_group": [{"kind": "KIND_CPU", "count": 12}]}
+    assert backend.default_intra_op_threads(many) == 1
+
+
+# --- instances ---------------------------------------------------------------------------------
+
+
+def context(model_dir, config) -> Context:
+    config = dict({"name": "m", "backend": "onnxruntime", "default_model_filename": "model.onnx",
+                   "instance_group": [{"kind": "KIND_CPU", "count": 1}]}, **config)
+    return Context(model_name="m", model_version=1, model_dir=model_dir, model_config=config,
+                   instance_name="m_0_0", instance_kind="CPU", device_id=0,
+                   model_repository=model_dir)
+
+
+BATCHED = {"max_batch_size": 8,
+           "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
+                     {"name": "B", "data_type": "TYPE_FP32", "dims": [4]}],
+           "output": [{"name": "C", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+def request(block: memoryview, offsets, rows: int) -> Request:
+    nbytes = rows * 16
+    return Request("r", 0, 0, {}, [
+        Input("A", "FP32", [rows, 4], block[offsets[0]:offsets[0] + nbytes]),
+        Input("B", "FP32", [rows, 4], block[offsets[1]:offsets[1] + nbytes])], ["C"])
+
+
+def test_a_batch_feeds_views_of_its_block_and_splits_the_rows(add_model, monkeypatch):
+    model = backend.load(context(add_model, BATCHED))
+    # A batch's block: input A of both requests (1 row, then 2), then input B of both.
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.full((3, 4), 100, dtype=np.float32)
+    block = memoryview(bytearray(a.tobytes() + b.tobytes()))
+    fed = {}
+    run = model._session.run
+
+    def spy(names, feeds, options=None):
+        fed.update(feeds)
+        return run(names, feeds, options)
+
+    monkeypatch.setattr(model._session, "run", spy)
+    responses, timings = model.execute([request(block, (0, 48), 1), request(block, (16, 64), 2)])
+    assert np.shares_memory(fed["A"], np.frombuffer(block, np.uint8))
+    assert fed["A"].shape == (3, 4)
+    assert [r.error for r in responses] == [None, None]
+    np.testing.assert_array_equal(responses[0].outputs[0].array, a[:1] + 100)
+    np.testing.assert_array_equal(responses[1].outputs[0].array, a[1:] + 100)
+    assert responses[1].outputs[0].shape == [2, 4]
+    assert timings.compute_infer_ns > 0
+
+
+def test_requests_that_do_not_lie_back_to_back_are_concatenated(add_model):
+    model = backend.load(context(add_model, BATCHED))
+    x = np.ones((1, 4), np.float32)
+    one = Request("a", 0, 0, {}, [Input("A", "FP32", [1, 4], memoryview(x.tobytes())),
+                                  Input("B", "FP32", [1, 4], memoryview(x.tobytes()))], ["C"])
+    two = Request("b", 0, 0, {}, [Input("A", "FP32", [1, 4], memoryview((x * 3).tobytes())),
+                                  Input("B", "FP32", [1, 4], memoryview(x.tobytes()))], [])
+    responses, _ = model.execute([one, two])
+    np.testing.assert_array_equal(responses[0].outputs[0].array, x * 2)
+    assert responses[1].outputs == []  # it asked for no output
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"max_batch_size": 0, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}]},
+     "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
+     "configuration specifies 1 dimensions (shape [4])"),
+    ({"max_batch_size": 4, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [5]}]},
+     "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
+     "configuration specifies 2 dimensions (an initial batch dimension because max_batch_size "
+     "> 0 followed by the explicit tensor shape, making complete shape [-1,5])"),
+    ({"max_batch_size": 4, "input": [{"name": "Z", "data_type": "TYPE_FP32", "dims": [4]}]},
+     "unable to load model 'm', unexpected inference input 'Z', allowed inputs are: A, B"),
+    ({"max_batch_size": 4, "output": [{"name": "C", "data_type": "TYPE_FP16", "dims": [4]}]},
+     "unable to load model 'm', configuration expects datatype TYPE_FP16 for output 'C', model "
+     "provides TYPE_FP32"),
+    ({"max_batch_size": 4, "sequence_batching": {}}, "sequence batching is not supported"),
+])
+def test_a_config_that_does_not_fit_the_model_fails_the_load(add_model, config, message):
+    with pytest.raises(BackendError) as err:
+        backend.load(context(add_model, config))
+    assert message in str(err.value)
+
+
+def test_a_missing_model_file_names_the_instance(tmp_path):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    with pytest.raises(BackendError, match=r"unable to find '.*model.onnx' for model instance "
+                                           r"'m_0_0'"):
+        backend.load(context(str(tmp_path / "m"), BATCHED))

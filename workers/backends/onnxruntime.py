@@ -1,0 +1,489 @@
+"""The ONNX Runtime backend: `<version>/model.onnx` run in an onnxruntime.InferenceSession.
+
+Follows Triton's onnxruntime backend where a client or a config can tell: the auto-completed
+config (inputs, outputs, batching), the model parameters it reads and their meaning, the load
+errors when a config does not match the model. Inputs reach ORT as numpy arrays over the
+worker's shared memory (a batch's input as one [N, ...] view when its requests lie back to
+back, as they do in a batch's block), which ORT's CPU provider reads in place; ORT allocates
+the outputs, and the worker loop copies each request's rows once into the output arena.
+(Binding outputs straight into the arena with IOBinding measured no faster per batch here,
+and needs each output's shape before the run.)
+"""
+
+import ctypes
+import logging
+import os
+import time
+
+import numpy as np
+
+from shmserve.ipc import datatypes
+from workers.backends import AutoCompleteContext, BackendError, Context
+from workers.backends.batch import (Output, Request, Response, Timings, batch_view,
+                                    error_response, input_array)
+
+try:
+    import onnxruntime as ort
+except ImportError:  # the front checks first; this is for a worker started by hand
+    raise BackendError("the onnxruntime backend needs the Python package 'onnxruntime', which "
+                       "is not installed: pip install 'shmserve[onnx]'") from None
+
+log = logging.getLogger(__name__)
+
+# ORT's element type names (NodeArg.type, "tensor(<name>)") -> config data types.
+_CONFIG_TYPES = {
+    "float": "TYPE_FP32", "float16": "TYPE_FP16", "double": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16", "bool": "TYPE_BOOL", "string": "TYPE_STRING",
+    "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64",
+    "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+}
+_BF16_ONNX_TYPE = 16  # onnx.TensorProto.BFLOAT16
+_WILDCARD = -1
+
+
+class _Tensor:
+    """An input or output of the ONNX model: name, config data type, dims (-1 where the
+    model leaves a dimension free)."""
+
+    __slots__ = ("name", "data_type", "dims")
+
+    def __init__(self, arg):
+        kind = arg.type
+        if not (kind.startswith("tensor(") and kind.endswith(")")):
+            raise BackendError(f"unsupported type '{kind}' of '{arg.name}': only tensors "
+                               "(ONNX_TYPE_TENSOR) are supported")
+        element = kind[len("tensor("):-1]
+        if element not in _CONFIG_TYPES:
+            raise BackendError(f"unsupported ONNX element type '{element}' of '{arg.name}'")
+        self.name = arg.name
+        self.data_type = _CONFIG_TYPES[element]
+        self.dims = [d if isinstance(d, int) and d >= 0 else _WILDCARD
+                     for d in (arg.shape or [])]
+
+
+def model_path(model_dir: str, version: str, config: dict) -> str:
+    """The model file: `default_model_filename` in the version folder, or `model.onnx` inside
+    it when that is a folder (a model whose weights lie in external-data files beside it)."""
+    path = os.path.join(model_dir, str(version), config.get("default_model_filename")
+                        or "model.onnx")
+    if os.path.isdir(path):
+        path = os.path.join(path, "model.onnx")
+    return path
+
+
+def _session(path: str, options, providers) -> "ort.InferenceSession":
+    try:
+        return ort.InferenceSession(path, sess_options=options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types, none of them common
+        raise BackendError(f"failed to load '{path}': {exc}") from None
+
+
+def auto_complete(context: AutoCompleteContext) -> dict:
+    """Triton's onnxruntime auto-complete: inputs, outputs, max_batch_size and
+    dynamic_batching from the model, unless the config lists inputs and outputs already."""
+    config = context.config
+    name = config.get("name", "")
+    input_count = len(config.get("input") or []) + len(config.get("batch_input") or [])
+    output_count = len(config.get("output") or [])
+    if input_count and output_count:
+        return config
+    path = model_path(context.model_dir, context.version, config)
+    if not os.path.exists(path):
+        raise BackendError(f"unable to find '{path}' for model '{name}'")
+    options = ort.SessionOptions()
+    # Only the signature is read: no time spent optimizing a graph that will not run.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    session = _session(path, options, ["CPUExecutionProvider"])
+    inputs = [_Tensor(arg) for arg in session.get_inputs()]
+    outputs = [_Tensor(arg) for arg in session.get_outputs()]
+
+    can_batch = all(t.dims and t.dims[0] == _WILDCARD for t in inputs + outputs)
+    max_batch_size = int(config.get("max_batch_size") or 0)
+    if can_batch:
+        if max_batch_size == 0:
+            setting = context.settings.get("default-max-batch-size", "4")
+            try:
+                max_batch_size = max(int(setting), 0)
+            except ValueError:
+                raise BackendError(f"backend setting 'default-max-batch-size': failed to "
+                                   f"convert '{setting}' to integral number") from None
+            config["max_batch_size"] = max_batch_size
+        if (max_batch_size > 1 and "sequence_batching" not in config
+                and "dynamic_batching" not in config):
+            config["dynamic_batching"] = {}
+    elif max_batch_size != 0:
+        raise BackendError(f"autofill failed for model '{name}': model does not support "
+                           "batching while non-zero max_batch_size is specified")
+    if not input_count:
+        config["input"] = [_config_tensor(t, max_batch_size) for t in inputs]
+    if not output_count:
+        config["output"] = [_config_tensor(t, max_batch_size) for t in outputs]
+    return config
+
+
+def _config_tensor(tensor: _Tensor, max_batch_size: int) -> dict:
+    dims = tensor.dims[1:] if max_batch_size > 0 else list(tensor.dims)
+    entry = {"name": tensor.name, "data_type": tensor.data_type}
+    if not dims:
+        # A scalar: [1] in the config; a batching model's is reshaped to no dims.
+        dims = [1]
+        if max_batch_size > 0:
+            entry["reshape"] = {"shape": []}
+    entry["dims"] = dims
+    return entry
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+
+def _parameters(config: dict) -> dict:
+    return {key: value.get("string_value", "") if isinstance(value, dict) else str(value)
+            for key, value in (config.get("parameters") or {}).items()}
+
+
+def _int_parameter(parameters: dict, key: str, model: str, default: int) -> int:
+    if key not in parameters:
+        return default
+    try:
+        return int(parameters[key].strip())
+    except ValueError:
+        raise BackendError(f"unable to load model '{model}': parameter '{key}': failed to "
+                           f"convert '{parameters[key]}' to integral number") from None
+
+
+def _bool_parameter(parameters: dict, key: str, model: str):
+    """True, False, or None when the parameter is not given (ORT's default then)."""
+    if key not in parameters:
+        return None
+    value = parameters[key].strip().lower()
+    if value in ("true", "on", "1"):
+        return True
+    if value in ("false", "off", "0"):
+        return False
+    raise BackendError(f"unable to load model '{model}': parameter '{key}': failed to convert "
+                       f"'{parameters[key]}' to boolean")
+
+
+def instance_count(config: dict) -> int:
+    """How many instances the model runs on this machine."""
+    count = 0
+    for group in config.get("instance_group") or []:
+        devices = len(group.get("gpus") or []) if group.get("kind") == "KIND_GPU" else 1
+        count += int(group.get("count") or 1) * max(devices, 1)
+    return max(count, 1)
+
+
+def default_intra_op_threads(config: dict) -> int:
+    """The cores this process may run on, shared among the model's instances: several
+    instances, each with ORT's default of a thread per core, would oversubscribe them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // instance_count(config))
+
+
+def session_options(config: dict):
+    """(SessionOptions, RunOptions) from the model's config, as Triton's backend reads it;
+    BackendError naming the parameter for a bad value."""
+    name = config.get("name", "")
+    parameters = _parameters(config)
+    options = ort.SessionOptions()
+    level = int(((config.get("optimization") or {}).get("graph") or {}).get("level") or 0)
+    options.graph_optimization_level = {
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    mode = _int_parameter(parameters, "execution_mode", name, 0)
+    if mode not in (0, 1):
+        raise BackendError(f"unable to load model '{name}': parameter 'execution_mode': "
+                           f"expected 0 (sequential) or 1 (parallel), got {mode}")
+    options.execution_mode = (ort.ExecutionMode.ORT_SEQUENTIAL if mode == 0
+                              else ort.ExecutionMode.ORT_PARALLEL)
+    intra = _int_parameter(parameters, "intra_op_thread_count", name, 0)
+    options.intra_op_num_threads = intra if intra > 0 else default_intra_op_threads(config)
+    inter = _int_parameter(parameters, "inter_op_thread_count", name, 0)
+    if inter > 0:
+        options.inter_op_num_threads = inter
+    arena = _bool_parameter(parameters, "enable_mem_arena", name)
+    if arena is not None:
+        options.enable_cpu_mem_arena = arena
+    pattern = _bool_parameter(parameters, "enable_mem_pattern", name)
+    if pattern is not None:
+        options.enable_mem_pattern = pattern
+    key = "session.use_device_allocator_for_initializers"
+    if key in parameters:
+        options.add_session_config_entry(key, parameters[key])
+    run_options = ort.RunOptions()
+    key = "memory.enable_memory_arena_shrinkage"
+    if key in parameters:
+        run_options.add_run_config_entry(key, parameters[key])
+    return options, run_options
+
+
+# --- the instance ----------------------------------------------------------------------------
+
+
+class _Io:
+    """One input or output as the config gives it, with what the model expects."""
+
+    __slots__ = ("name", "wire", "dims", "model_shape", "bf16")
+
+    def __init__(self, entry: dict, model: _Tensor, batching: bool):
+        self.name = entry["name"]
+        self.wire = datatypes.config_to_wire(entry["data_type"])
+        self.dims = [int(d) for d in entry.get("dims") or []]
+        reshape = entry.get("reshape")
+        # The shape the model sees, without the batch dimension (None: the request's own).
+        shape = None
+        if reshape is not None:
+            shape = [int(d) for d in reshape.get("shape") or []]
+        elif not model.dims or (batching and len(model.dims) == 1):
+            shape = []
+        self.model_shape = shape
+        self.bf16 = self.wire == "BF16"
+
+
+class OnnxModel:
+    """One instance of an ONNX model (the backend interface's Instance)."""
+
+    decoupled = False
+    iterative = False
+    has_readiness_hook = False
+
+    def __init__(self, context: Context):
+        config = context.model_config
+        self._name = config.get("name") or context.model_name
+        self._instance_name = context.instance_name
+        if "sequence_batching" in config:
+            raise BackendError(f"unable to load model '{self._name}': sequence batching is "
+                               "not supported by shmserve's onnxruntime backend yet")
+        if (config.get("model_transaction_policy") or {}).get("decoupled"):
+            raise BackendError(f"unable to load model '{self._name}': the onnxruntime backend "
+                               "does not support decoupled models")
+        path = model_path(context.model_dir, context.model_version, config)
+        if not os.path.exists(path):
+            raise BackendError(f"unable to find '{path}' for model instance "
+                               f"'{context.instance_name}'")
+        options, self._run_options = session_options(config)
+        providers = ["CPUExecutionProvider"]
+        if (context.instance_kind == "GPU"
+                and "CUDAExecutionProvider" in ort.get_available_providers()):
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": context.device_id}))
+        elif context.instance_kind == "GPU":
+            log.warning("model instance '%s' is KIND_GPU but onnxruntime has no CUDA provider "
+                        "here (install onnxruntime-gpu): it runs on the CPU",
+                        context.instance_name)
+        self._session = _session(path, options, providers)
+        self._max_batch_size = int(config.get("max_batch_size") or 0)
+        model_inputs = {arg.name: _Tensor(arg) for arg in self._session.get_inputs()}
+        model_outputs = {arg.name: _Tensor(arg) for arg in self._session.get_outputs()}
+        self._inputs = self._validate("input", config.get("input") or [], model_inputs)
+        self._outputs = self._validate("output", config.get("output") or [], model_outputs)
+        self._output_names = [io.name for io in self._outputs]
+        self._by_value = any(io.bf16 for io in self._inputs + self._outputs)
+
+    def _validate(self, kind: str, entries: list, model: dict) -> list:
+        """Triton's checks of the config's inputs or outputs against the model's."""
+        name = self._name
+        batching = self._max_batch_size > 0
+        ios = []
+        for entry in entries:
+            io_name = entry["name"]
+            tensor = model.get(io_name)
+            if tensor is None:
+                raise BackendError(f"unable to load model '{name}', unexpected inference "
+                                   f"{kind} '{io_name}', allowed {kind}s are: "
+                                   f"{', '.join(model)}")
+            if entry["data_type"] != tensor.data_type:
+                raise BackendError(f"unable to load model '{name}', configuration expects "
+                                   f"datatype {entry['data_type']} for {kind} '{io_name}', "
+                                   f"model provides {tensor.data_type}")
+            reshape = entry.get("reshape")
+            dims = [int(d) for d in (reshape.get("shape") or [] if reshape is not None
+                                     else entry.get("dims") or [])]
+            if not tensor.dims:
+                if any(d != 1 for d in dims):
+                    raise BackendError(
+                        f"unable to load model '{name}', scalar tensor '{io_name}', should "
+                        "only provide 1 in the model configuration when the model doesn't "
+                        f"support batching. Model configuration provided: {_shape(dims)}.")
+            else:
+                _compare_dims(name, io_name, tensor.dims, dims, batching,
+                              exact=kind == "output")
+            ios.append(_Io(entry, tensor, batching))
+        return ios
+
+    def is_ready(self) -> bool:
+        return True
+
+    def finalize(self) -> None:
+        self._session = None
+
+    def execute(self, requests: list[Request]) -> tuple[list[Response], Timings]:
+        start = time.perf_counter_ns()
+        responses: list[Response | None] = [None] * len(requests)
+        arrays = {}  # index -> {input name: array}
+        for index, request in enumerate(requests):
+            try:
+                arrays[index] = {t.name: input_array(t, request.request_id, self._name)
+                                 for t in request.inputs}
+            except ValueError as exc:
+                responses[index] = error_response("INVALID_ARG", str(exc))
+        groups = [list(arrays)]
+        if self._max_batch_size == 0:
+            groups = [[index] for index in arrays]
+        timing = [0, 0, 0]
+        for group in groups:
+            if group:
+                self._run(group, requests, arrays, responses, timing)
+        return responses, Timings(timing[0], timing[1], timing[2], start)
+
+    def _run(self, group: list, requests: list, arrays: dict, responses: list,
+             timing: list) -> None:
+        began = time.perf_counter_ns()
+        try:
+            feeds, sizes = self._feeds([arrays[i] for i in group])
+        except ValueError as exc:
+            if len(group) > 1:
+                # Requests that do not stack (a free dimension that differs), or one whose
+                # strings are not UTF-8: one at a time, so that only that one fails.
+                for index in group:
+                    self._run([index], requests, arrays, responses, timing)
+                return
+            responses[group[0]] = error_response("INVALID_ARG", f"{type(exc).__name__}: {exc}")
+            return
+        fed = time.perf_counter_ns()
+        try:
+            results = self._infer(feeds)
+        except Exception as exc:  # ORT's own exception types share no useful base
+            message = (f"Failed to process the request(s) for model instance "
+                       f"'{self._instance_name}', message: {exc}")
+            for index in group:
+                responses[index] = error_response("INTERNAL", message)
+            timing[1] += time.perf_counter_ns() - fed
+            return
+        ran = time.perf_counter_ns()
+        row = 0
+        for index, size in zip(group, sizes):
+            request = requests[index]
+            wanted = set(request.requested_output_names)
+            outputs = []
+            for io, result in zip(self._outputs, results):
+                if io.name not in wanted:
+                    continue
+                part = result[row:row + size] if size is not None else result
+                outputs.append(self._output(io, part, size))
+            responses[index] = Response(outputs, None, {})
+            if size is not None:
+                row += size
+        timing[0] += fed - began
+        timing[1] += ran - fed
+        timing[2] += time.perf_counter_ns() - ran
+
+    def _feeds(self, arrays: list) -> tuple[dict, list]:
+        """The model's inputs for requests whose inputs are `arrays` ({name: array} each), and
+        each request's batch size (None for a model that does not batch). ValueError when the
+        requests' inputs cannot be stacked."""
+        batching = self._max_batch_size > 0
+        sizes = [None] * len(arrays)
+        feeds = {}
+        for io in self._inputs:
+            parts = [a[io.name] for a in arrays if io.name in a]
+            if not parts:
+                continue  # an optional input no request gave
+            if len(parts) != len(arrays):
+                raise ValueError(f"input '{io.name}' is missing from some requests")
+            if batching:
+                sizes = [p.shape[0] if p.ndim else 1 for p in parts]
+                array = parts[0] if len(parts) == 1 else _stack(parts)
+            else:
+                array = parts[0]
+            if io.model_shape is not None:
+                array = array.reshape(([sum(sizes)] if batching else []) + io.model_shape)
+            feeds[io.name] = self._to_ort(io, array)
+        return feeds, sizes
+
+    def _to_ort(self, io: _Io, array):
+        if io.wire == "BYTES":
+            # ORT's string tensors take str: each element's bytes as UTF-8.
+            flat = [v.decode("utf-8") if isinstance(v, bytes) else str(v)
+                    for v in array.reshape(-1)]
+            array = np.array(flat, dtype=np.object_).reshape(array.shape)
+        if not self._by_value:
+            return array
+        if io.bf16:
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                np.ascontiguousarray(array), _BF16_ONNX_TYPE)
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+    def _infer(self, feeds: dict) -> list:
+        if not self._by_value:
+            return self._session.run(self._output_names, feeds, self._run_options)
+        values = self._session.run_with_ort_values(self._output_names, feeds,
+                                                    self._run_options)
+        return [_bf16_array(v) if io.bf16 else v.numpy()
+                for io, v in zip(self._outputs, values)]
+
+    def _output(self, io: _Io, array, size) -> Output:
+        shape = ([size] if size is not None else []) + io.dims
+        if -1 in io.dims or array.shape != tuple(shape):
+            # A reshaped or scalar output: the config's dims, the free ones from the model.
+            array = array.reshape(shape if shape.count(-1) <= 1 else array.shape)
+        array = np.ascontiguousarray(array)
+        return Output(io.name, io.wire, list(array.shape), array)
+
+
+def _stack(parts: list):
+    stacked = None if parts[0].dtype.hasobject else batch_view(parts)
+    return stacked if stacked is not None else np.concatenate(parts)
+
+
+def _bf16_array(value) -> np.ndarray:
+    """The bits of a BF16 OrtValue as uint16 (numpy has no bfloat16)."""
+    array = np.empty(value.shape(), dtype=np.uint16)
+    if array.size:
+        ctypes.memmove(array.ctypes.data, value.data_ptr(), array.nbytes)
+    return array
+
+
+def _shape(dims) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _compare_dims(model: str, tensor: str, model_dims: list, dims: list, batching: bool,
+                  exact: bool) -> None:
+    """Triton's check of a config's dims against the model's shape (a free model dimension
+    takes any size, and for outputs must be free in the config too)."""
+    if batching:
+        if not model_dims or model_dims[0] != _WILDCARD:
+            raise BackendError(
+                f"model '{model}', tensor '{tensor}': for the model to support batching the "
+                "shape should have at least 1 dimension and the first dimension must be -1; "
+                f"but shape expected by the model is {_shape(model_dims)}")
+        full = [_WILDCARD] + dims
+        if not _dims_match(model_dims, full, exact):
+            raise BackendError(
+                f"model '{model}', tensor '{tensor}': the model expects {len(model_dims)} "
+                f"dimensions (shape {_shape(model_dims)}) but the model configuration "
+                f"specifies {len(full)} dimensions (an initial batch dimension because "
+                "max_batch_size > 0 followed by the explicit tensor shape, making complete "
+                f"shape {_shape(full)})")
+    elif not _dims_match(model_dims, dims, exact):
+        raise BackendError(
+            f"model '{model}', tensor '{tensor}': the model expects {len(model_dims)} "
+            f"dimensions (shape {_shape(model_dims)}) but the model configuration specifies "
+            f"{len(dims)} dimensions (shape {_shape(dims)})")
+
+
+def _dims_match(model_dims: list, dims: list, exact: bool) -> bool:
+    if len(model_dims) != len(dims):
+        return False
+    return all(m == d for m, d in zip(model_dims, dims) if exact or m != _WILDCARD)
+
+
+def load(context: Context) -> OnnxModel:
+    return OnnxModel(context)
