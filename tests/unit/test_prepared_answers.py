@@ -13,7 +13,7 @@ from shmserve.http.prepared_answers import AnswerBook
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
 from workers.answers import ClientSockets, take_answers, write_answers
-from workers.runner import RunnerOutput, RunnerResponse
+from workers.backends.batch import Output, Response
 
 PREFIX = b"HTTP/1.1 200 OK\r\n...\r\n\r\n{json}"
 EXPECTED = [["OUT", "FP32", [1, 2], 8]]
@@ -26,14 +26,14 @@ def _request(socket_index=0, pieces=(PREFIX, b""), expected=EXPECTED,
     return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready, answer=answer)
 
 
-def _output(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678") -> RunnerOutput:
-    return RunnerOutput(name, datatype, list(shape), np.frombuffer(data, np.uint8).view(
+def _output(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678") -> Output:
+    return Output(name, datatype, list(shape), np.frombuffer(data, np.uint8).view(
         np.float32 if datatype == "FP32" else np.int32).reshape(shape))
 
 
-def _model_response(error=None, parameters=None, **output) -> RunnerResponse:
+def _model_response(error=None, parameters=None, **output) -> Response:
     """The model's response, as the worker has it before it makes frames of it."""
-    return RunnerResponse([] if error else [_output(**output)], error, parameters or {})
+    return Response([] if error else [_output(**output)], error, parameters or {})
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ class _OnDevice:
     _model_response(error=("INVALID_ARG", "bad")),
     _model_response(parameters={"p": 1}),
     _model_response(data=b"1234", shape=(1, 1)),  # not the size announced
-    RunnerResponse([RunnerOutput("OUT", "FP32", [1, 2], _OnDevice(np.zeros((1, 2), np.float32)))],
+    Response([Output("OUT", "FP32", [1, 2], _OnDevice(np.zeros((1, 2), np.float32)))],
                    None, {}),
 ], ids=["shape", "name", "datatype", "error", "parameters", "size", "on-a-gpu"])
 def test_any_other_response_is_left_to_the_front(client, response):
@@ -160,7 +160,7 @@ def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write(
 def test_outputs_go_between_the_pieces(client):
     theirs, fd = client
     expected = [["A", "INT32", [1], 4], ["B", "FP32", [2], 8]]
-    response = RunnerResponse([_output("A", "INT32", (1,), b"aaaa"),
+    response = Response([_output("A", "INT32", (1,), b"aaaa"),
                             _output("B", "FP32", (2,), b"bbbbbbbb")], None, {})
     _take_and_write([response], [_request(0, (b"1", b"2", b"3"), expected)], [fd])
     assert _read_all(theirs) == b"1aaaa2bbbbbbbb3"
