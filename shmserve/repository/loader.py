@@ -167,6 +167,8 @@ class Loader:
         try:
             read = await self._read_config(entry, config)
             config = self._normalize(read, entry.name)
+            if config.backend == "python":
+                _check_stub_names(config, self._auto_complete)
             if config.platform == ENSEMBLE_PLATFORM:
                 plan = EnsemblePlan.build(config, functools.partial(self._step_config,
                                                                     entry.name))
@@ -512,6 +514,20 @@ def _run_gpu_groups_on_cpu(config, model_name: str) -> None:
                      "running it on the CPU", model_name, group.name or "(unnamed)")
             group.kind = proto.ModelInstanceGroup.KIND_CPU
             del group.gpus[:]
+
+
+# Characters Triton's Python backend refuses in the name of a process it starts (a shell
+# would read them).
+_STUB_NAME_REFUSES = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_names(config, auto_complete: bool) -> None:
+    """Triton's Python backend names its processes after the model (the auto-complete one)
+    and its instances, and refuses names a shell would read: INVALID_ARG, its text."""
+    names = [config.name] if auto_complete else []
+    names += [group.name for group in config.instance_group]
+    if any(_STUB_NAME_REFUSES.intersection(name) for name in names):
+        raise invalid_arg("Invalid stub name: contains invalid characters")
 
 
 def _kind_name(group) -> str:

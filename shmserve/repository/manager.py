@@ -347,12 +347,16 @@ def _write_upload(name: str, files: dict) -> str:
     root = tempfile.mkdtemp(prefix=f"shmserve-{name}-")
     model_dir = os.path.join(root, name)
     try:
+        inside = os.path.realpath(model_dir)
         for key, content in files.items():
-            relative = os.path.normpath(key[len(FILE_PREFIX):])
-            if os.path.isabs(relative) or relative.startswith(".."):
-                raise ServerError(Code.INVALID_ARG, f"failed to load '{name}': model file path "
-                                                    f"'{key}' leaves the model directory")
-            path = os.path.join(model_dir, relative)
+            # As Triton: the path is joined to the model's folder as written (a leading "/"
+            # too, so "file:/1/model.py" is 1/model.py), and must stay inside it once
+            # normalized.
+            path = os.path.realpath(model_dir + "/" + key[len(FILE_PREFIX):])
+            if not path.startswith(inside + os.sep):
+                raise ServerError(Code.INVALID_ARG, f"Invalid file parameter '{key}' with "
+                                                    f"normalized path '{path}' must stay within "
+                                                    "model directory.")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(content)

@@ -288,6 +288,37 @@ def test_a_config_that_does_not_validate_fails_its_versions_as_in_triton(explici
         assert refused.value.message() == message
 
 
+def test_file_paths_are_joined_to_the_model_folder_and_must_stay_in_it(explicit):
+    """As Triton: "file:/1/model.py" is 1/model.py of the model's folder; a path that leaves
+    the folder once normalized is refused, in Triton's words."""
+    server, _, http, _ = explicit
+    model = base64.b64encode(SCALE_MODEL.encode()).decode()
+    status, _ = post(server, "/v2/repository/models/rooted/load", {"parameters": {
+        "config": config_json("rooted", 3.0), "file:/1/model.py": model}})
+    assert status == 200
+    assert infer(http, "rooted")[0].tolist() == [3.0, 6.0]
+    http.unload_model("rooted")
+    for key in ("file:../1/model.py", "file:1/../../x.py", "file:"):
+        status, body = post(server, "/v2/repository/models/leaving/load", {"parameters": {
+            "config": config_json("leaving", 3.0), key: model}})
+        assert status == 400, key
+        assert body["error"].startswith(f"Invalid file parameter '{key}' with normalized path '")
+        assert body["error"].endswith("' must stay within model directory.")
+
+
+@pytest.mark.parametrize("name", ["model;test", "model$test", "model(test)", "model!test"])
+def test_python_model_names_a_shell_would_read_are_refused(explicit, name):
+    """Triton's Python backend refuses to start a process named after such a model."""
+    server, _, http, _ = explicit
+    status, body = post(server, f"/v2/repository/models/{urllib.parse.quote(name)}/load", {
+        "parameters": {"config": config_json(name, 3.0),
+                       "file:1/model.py": base64.b64encode(SCALE_MODEL.encode()).decode()}})
+    why = "Invalid argument: Invalid stub name: contains invalid characters"
+    assert (status, body["error"]) == (
+        400, f"load failed for model '{name}': version 1 is at UNAVAILABLE state: {why};\n")
+    assert not http.is_model_ready(name)
+
+
 def test_files_without_config_are_refused(explicit):
     server, _, _, _ = explicit
     status, body = post(server, "/v2/repository/models/scale/load", {"parameters": {
