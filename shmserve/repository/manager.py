@@ -372,8 +372,12 @@ def _remove_upload(model_dir: str) -> None:
 
 def _check_name(name: str) -> None:
     """A name the load and unload APIs take: a directory of a repository, so never a path
-    out of it (INVALID_ARG before anything else is said)."""
-    if not name or name in (".", "..") or "/" in name or "\x00" in name:
+    out of it (INVALID_ARG before anything else is said, in Triton 2.73's words)."""
+    trimmed = name.strip()
+    if not trimmed:
+        raise ServerError(Code.INVALID_ARG,
+                          "Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed in (".", "..") or "/" in name or "\x00" in name:
         shown = name if len(name) <= 256 else name[:256] + "..."
-        raise ServerError(Code.INVALID_ARG, f"invalid model name '{shown}': a model is a "
-                                            f"directory of the model repository")
+        raise ServerError(Code.INVALID_ARG, f"invalid model name '{shown}', model name must "
+                                            "not contain path traversal characters")
