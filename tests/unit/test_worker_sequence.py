@@ -534,8 +534,29 @@ def test_rescheduling_needs_an_iterative_sequence(make_runner):
     one = request(0, 0, START)
     (response,), _ = runner.execute([one])
     assert not one.rescheduled
+    assert response.error == ("INVALID_ARG", "Request is released with "
+                              "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                              "configured to handle such a flag.")
+
+
+def test_a_rescheduled_request_must_return_none(make_runner):
+    runner = make_runner("""
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for request in requests:
+                    request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.zeros((1, 1), np.int32))]) for _ in requests]
+    """, config=ITERATIVE)
+    one = request(0, 0, START)
+    (response,), _ = runner.execute([one])
     assert response.error[0] == "INTERNAL"
-    assert "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported" in response.error[1]
+    assert ("message: Expected a None object in the execute function return list for "
+            "reschduled request, found type '<class '") in response.error[1]
+    assert response.error[1].endswith("InferenceResponse'>'.")
 
 
 def test_rescheduled_requests_of_a_decoupled_iterative_model(make_runner):

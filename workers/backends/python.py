@@ -364,6 +364,11 @@ class PythonModel:
         for pb_request, response in zip(pb_requests, returned):
             if response is None:
                 continue
+            if pb_request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                raise _ContractError(  # "reschduled": Triton's spelling, which its tests match
+                    "Expected a None object in the execute function return list for "
+                    f"reschduled request, found type '{type(response)}'."
+                )
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise _ContractError(
                     "Expected an 'InferenceResponse' object in the execute function return "
@@ -377,10 +382,12 @@ class PythonModel:
                  ) -> Response:
         if sent.response is None:
             if self._reschedules(pb_request):
-                return self._internal_error(
-                    "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
-                    "supported by shmserve yet"
-                )
+                # Triton's core refuses the release (its text); the request, which Triton
+                # then leaves unanswered, ends with that error here.
+                return error_response(
+                    "INVALID_ARG", "Request is released with "
+                    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                    "configured to handle such a flag.")
             return self._internal_error(
                 f"execute returned None for request '{pb_request.request_id()}' and sent no "
                 "response through its response sender"
