@@ -5,6 +5,7 @@ import json
 import os
 import re
 import textwrap
+import time
 import threading
 
 import numpy as np
@@ -554,6 +555,68 @@ def test_response_without_final_is_an_error(make_runner):
     runner.initialize()
     assert_internal_error(run(runner, fp32_request([0], "x"))[0], "m_0_0",
                           "without TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+
+
+@pytest.mark.parametrize("later", [
+    # from a thread, the response with FINAL
+    "threading.Thread(target=lambda: (time.sleep(0.2), sender.send(r, flags=FINAL))).start()",
+    # the response now, FINAL from a thread
+    "sender.send(r); threading.Timer(0.2, sender.send, kwargs={'flags': FINAL}).start()",
+    # kept by the model alone, answered at the next execute... of another thread
+    "self.kept.append(sender); threading.Timer(0.2, self.answer_kept, args=(r,)).start()",
+])
+def test_a_response_sent_after_execute_returned_is_awaited(make_runner, later):
+    """Triton lets a model that is not decoupled return None for a request and answer it
+    later, from another thread."""
+    runner = make_runner(f"""
+        import threading, time
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.kept = []
+
+            def answer_kept(self, r):
+                self.kept.pop().send(r, flags=FINAL)
+
+            def execute(self, requests):
+                answers = []
+                for request in requests:
+                    if request.request_id() == "now":
+                        answers.append(pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("OUT", np.zeros(1, np.float32))]))
+                        continue
+                    r = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))])
+                    sender = request.get_response_sender()
+                    {later}
+                    answers.append(None)
+                return answers
+    """)
+    runner.initialize()
+    late, now = run(runner, fp32_request([0], "late"), fp32_request([0], "now"))
+    assert outputs_of(late)["OUT"].array.tolist() == [1.0]
+    assert outputs_of(now)["OUT"].array.tolist() == [0.0]
+
+
+def test_a_request_the_model_dropped_unanswered_is_not_awaited(make_runner):
+    """Nothing can answer it any more (Triton would never answer it): it fails at once."""
+    runner = make_runner("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                self.cycle = None
+                holder = {"request": requests[0]}
+                holder["self"] = holder  # only a cycle holds it once execute returns
+                return [None]
+    """)
+    runner.initialize()
+    started = time.monotonic()
+    response = run(runner, fp32_request([0], "x"))[0]
+    assert_internal_error(response, "m_0_0", "execute returned None for request 'x'")
+    assert time.monotonic() - started < 5
 
 
 def test_finalize_is_called(make_runner, tmp_path):

@@ -7,6 +7,7 @@ for BYTES), so `pb_utils.batched_input` can hand a model the whole batch as one 
 """
 
 import asyncio
+import gc
 import importlib
 import importlib.machinery
 import importlib.util
@@ -17,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -34,14 +36,41 @@ class _ContractError(Exception):
     """The model broke the execute() contract; reported, as in Triton, without an exception type."""
 
 
+# How often a batch whose model answers after execute returned looks whether the model
+# still holds the requests it waits for.
+_LATE_ANSWER_POLL_S = 0.05
+
+
+class _RequestFacts:
+    """What answering a request needs of it, without holding the request (or its sender)."""
+
+    __slots__ = ("_requested_output_names", "_release_flags", "_id")
+
+    def __init__(self, pb_request):
+        self._requested_output_names = pb_request._requested_output_names
+        self._release_flags = pb_request._release_flags
+        self._id = pb_request.request_id()
+
+    def request_id(self) -> str:
+        return self._id
+
+
 class _SentResponse:
     """Response-sender callback of a non-decoupled model: exactly one response, then FINAL."""
 
-    __slots__ = ("response", "final")
+    __slots__ = ("response", "final", "_done")
 
     def __init__(self):
         self.response = None
         self.final = False
+        self._done = None  # a threading.Event, once someone waits for FINAL
+
+    def wait_final(self, timeout: float) -> bool:
+        if self._done is None:
+            self._done = threading.Event()
+            if self.final:
+                return True
+        return self._done.wait(timeout)
 
     def __call__(self, response, flags):
         if response is not None and self.response is not None:
@@ -57,6 +86,8 @@ class _SentResponse:
             self.response = response
         if flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self.final = True
+            if self._done is not None:
+                self._done.set()
 
 
 class _StreamedResponses:
@@ -305,6 +336,10 @@ class PythonModel:
         if failure is not None:
             for pb_request in pb_requests:
                 pb_request._sender._close()
+        else:
+            pb_requests = pb_request = None  # so that only the model may hold them now
+            batch, senders = self._detached(batch)
+            self._await_late_answers(batch, senders)
         for index, pb_request, sent in batch:
             request = requests[index]
             if failure is not None and sent.response is None:
@@ -328,6 +363,33 @@ class PythonModel:
         done = time.perf_counter_ns()
         return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done,
                                 start)
+
+    def _detached(self, batch: list) -> tuple[list, dict]:
+        """The batch with each request replaced by what answering it needs, and a weak
+        reference to the sender of each request not yet answered in full (by position)."""
+        senders = {position: weakref.ref(pb_request._sender)
+                   for position, (_, pb_request, sent) in enumerate(batch)
+                   if not sent.final and not (self.iterative and self._reschedules(pb_request))}
+        return [(index, _RequestFacts(pb_request), sent)
+                for index, pb_request, sent in batch], senders
+
+    @staticmethod
+    def _await_late_answers(batch: list, senders: dict) -> None:
+        """Returns once every request the model still holds is answered in full.
+
+        Triton lets a model that is not decoupled return None for a request and send its
+        response (or the FINAL flag) later, from another thread or task; the batch's Result
+        waits for those. A request nothing refers to any more (its sender gone) can never
+        be answered, and is not waited for: it fails as unanswered."""
+        collected = False
+        for position, sender in senders.items():
+            sent = batch[position][2]
+            while not sent.wait_final(_LATE_ANSWER_POLL_S):
+                if sender() is None:
+                    break
+                if not collected:
+                    gc.collect()  # a cycle may be all that holds it
+                    collected = True
 
     @staticmethod
     def _reschedules(pb_request) -> bool:
