@@ -9,6 +9,7 @@ unregistered; once the last one ends, the workers that mapped it are told to unm
 """
 
 import base64
+import functools
 import itertools
 import os
 import stat
@@ -25,6 +26,8 @@ CUDA_IPC_HANDLE_SIZE = 64
 _RESERVED_PREFIX = "triton_python_backend_shm_region_"
 
 _region_ids = itertools.count(1)
+# The largest byte size plus offset Triton's size_t holds.
+_SIZE_MAX = 2**64 - 1
 
 
 class RegionError(ReadError):
@@ -41,10 +44,14 @@ class Region:
     unregistered: bool = False
     # Worker handles that mapped it; each is told to unmap it in the end.
     mapped_by: set = field(default_factory=set)
+    # Unregistered while in use: what takes its name out of the manager once unused.
+    forget: object = None
 
     def release(self) -> None:
         self.users -= 1
         if self.users == 0 and self.unregistered:
+            if self.forget is not None:
+                self.forget()
             self._retire()
 
     def retire_when_unused(self) -> None:
@@ -100,13 +107,17 @@ class SharedMemoryManager:
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
+        bare = key.lstrip("/")
+        if not bare:
+            raise ServerError(Code.INVALID_ARG, f"cannot register shared memory region "
+                                                f"'{name}' - invalid shm key '{key}'")
+        if bare.startswith(_RESERVED_PREFIX):
+            raise ServerError(Code.INVALID_ARG, f"cannot register shared memory region "
+                                                f"'{name}' with key '{key}' as the key contains "
+                                                f"the reserved prefix '{_RESERVED_PREFIX}'")
         self._check_name(name)
         # Triton's words, then why
         where = f"failed to register shared memory region '{name}': invalid args"
-        bare = key.lstrip("/")
-        if bare.startswith(_RESERVED_PREFIX):
-            raise ServerError(Code.INVALID_ARG, f"{where}: key '{key}' is reserved for the "
-                                                f"Python backend")
         if is_server_segment(key):
             raise ServerError(Code.INVALID_ARG, f"{where}: key '{key}' names a segment of the "
                                                 f"server itself")
@@ -172,6 +183,11 @@ class SharedMemoryManager:
         if not 0 <= offset < region.byte_size:
             raise RegionError(Code.INVALID_ARG,
                               f"Invalid offset for shared memory region: '{name}'")
+        if nbytes > _SIZE_MAX - offset:  # Triton's size_t would wrap
+            raise RegionError(Code.INVALID_ARG,
+                              f"Integer overflow detected: byte_size ({nbytes}) + offset "
+                              f"({offset}) exceeds maximum value ({_SIZE_MAX}) for region "
+                              f"'{name}'")
         if nbytes <= 0 or offset + nbytes > region.byte_size:
             raise RegionError(Code.INVALID_ARG,
                               f"Invalid offset + byte size for shared memory region: '{name}'")
@@ -198,10 +214,19 @@ class SharedMemoryManager:
         else:
             names = [n for n, r in self._regions.items() if isinstance(r, kind)]
         for n in names:
-            region = self._regions.pop(n)
+            region = self._regions[n]
             region.unregistered = True
             if region.users == 0:
+                del self._regions[n]
                 region._retire()
+            else:
+                # As Triton since 2.53: listed (and usable) until the requests that use it
+                # end, then gone without another unregister.
+                region.forget = functools.partial(self._forget, n, region)
+
+    def _forget(self, name: str, region: Region) -> None:
+        if self._regions.get(name) is region:
+            del self._regions[name]
 
     def _status(self, kind: type, name: str) -> list[dict]:
         if name:

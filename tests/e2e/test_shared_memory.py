@@ -125,10 +125,14 @@ def test_register_errors(clients, regions, protocol, server):
     # Triton answers 500 / INTERNAL: it is the client's mistake.
     assert _status(exc) == ("404" if protocol == "http" else "NOT_FOUND")
     assert exc.message().startswith("Unable to open shared memory region: '/shmtest_no_such_key'")
-    for bad_key in ("/../../etc/passwd", "", "/.."):
+    for bad_key in ("/../../etc/passwd", "/.."):
         exc = _error(c.register_system_shared_memory, "badkey", bad_key, 64)
         assert _status(exc) == ("400" if protocol == "http" else "INVALID_ARGUMENT"), bad_key
         assert exc.message().startswith(f"Unable to open shared memory region: '{bad_key}'")
+    for bad_key in ("", "//"):  # Triton 2.73's words
+        exc = _error(c.register_system_shared_memory, "badkey", bad_key, 64)
+        assert _status(exc) == ("400" if protocol == "http" else "INVALID_ARGUMENT"), bad_key
+        assert exc.message() == f"cannot register shared memory region 'badkey' - invalid shm key '{bad_key}'"
     for size, offset in ((4097, 0), (64, 4090)):
         exc = _error(c.register_system_shared_memory, "big", key, size, offset=offset)
         assert _status(exc) == ("400" if protocol == "http" else "INVALID_ARGUMENT")
@@ -380,7 +384,8 @@ class _Recreated:
 
 def test_unregister_waits_for_requests_in_flight_and_unmaps(server, clients, regions):
     """`slow` sleeps INPUT0[0] seconds; its region is unregistered meanwhile. The request
-    still succeeds, the name is free at once, and afterwards no process maps the object."""
+    still succeeds; the region is listed until it ends (as Triton since 2.53) and then gone
+    without another unregister, and no process maps the object."""
     c = clients["grpc"]
     key, handle = regions.make(4)
     shm.set_shared_memory_region(handle, [np.array([0.6], np.float32)])
@@ -395,9 +400,10 @@ def test_unregister_waits_for_requests_in_flight_and_unmaps(server, clients, reg
         time.sleep(0.02)
     assert _mapped_by(server.workers(), key), "no worker mapped the region"
     c.unregister_system_shared_memory("slow_in")
-    assert list(c.get_system_shared_memory_status().regions) == []
+    assert list(c.get_system_shared_memory_status().regions) == ["slow_in"]
     caller.join(10)
     assert results and results[0].as_numpy("OUTPUT0").tolist() == [pytest.approx(0.6)]
+    assert list(c.get_system_shared_memory_status().regions) == []
     deadline = time.monotonic() + 5
     while _mapped_by(server.workers(), key) and time.monotonic() < deadline:
         time.sleep(0.02)

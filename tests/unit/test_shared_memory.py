@@ -130,11 +130,39 @@ def test_unmap_waits_for_the_last_request(client_object):
     region.users += 1  # a request in flight
     m.unregister_system("r")
     assert worker.unmapped == []
-    assert _code(m.slice, {"shared_memory_region": "r",
-                                 "shared_memory_byte_size": 64}) is Code.NOT_FOUND
-    m.register_system("r", client_object, 0, 64)  # the name is free again at once
+    # As Triton since 2.53: listed, and usable, until the requests that use it end.
+    assert [r["name"] for r in m.system_status()] == ["r"]
+    assert _code(m.register_system, "r", client_object, 0, 64) is Code.ALREADY_EXISTS
+    again = m.slice({"shared_memory_region": "r", "shared_memory_byte_size": 64}).region
+    assert again is region
+    region.users += 1  # another request
+    region.release()
+    assert worker.unmapped == [] and len(m.system_status()) == 1
     region.release()
     assert worker.unmapped == [region.region_id]
+    assert m.system_status() == []
+    assert _code(m.slice, {"shared_memory_region": "r",
+                           "shared_memory_byte_size": 64}) is Code.NOT_FOUND
+    m.register_system("r", client_object, 0, 64)  # the name is free again
+
+
+def test_triton_s_key_and_overflow_texts(client_object):
+    m = SharedMemoryManager()
+    for key, text in (("//", "cannot register shared memory region 'x' - invalid shm key '//'"),
+                      ("/triton_python_backend_shm_region_7",
+                       "cannot register shared memory region 'x' with key "
+                       "'/triton_python_backend_shm_region_7' as the key contains the reserved "
+                       "prefix 'triton_python_backend_shm_region_'")):
+        with pytest.raises(ServerError) as refused:
+            m.register_system("x", key, 0, 16)
+        assert (refused.value.code, refused.value.message) == (Code.INVALID_ARG, text)
+    m.register_system("r", client_object, 0, 64)
+    with pytest.raises(ServerError) as refused:
+        m.slice({"shared_memory_region": "r", "shared_memory_byte_size": 2**64 - 32,
+                 "shared_memory_offset": 32})
+    assert refused.value.message == (
+        "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds "
+        "maximum value (18446744073709551615) for region 'r'")
 
 
 def test_unregister_of_an_unused_region_unmaps_at_once(client_object):
