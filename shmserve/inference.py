@@ -56,6 +56,9 @@ class InferRequest:
     # Its answer to its client, prepared by the transport up to the outputs' bytes, that the
     # model's worker may write (see dispatch.worker.WorkRequest.answer); None for none.
     answer: Any = None
+    # Set by the dataplane while a decoupled model streams its responses: asks the model to
+    # stop, its responses still read to the final one (a BLS caller's cancel()).
+    ask_cancel: Any = None
 
 
 @dataclass(slots=True)

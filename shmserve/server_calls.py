@@ -33,6 +33,7 @@ class ServerCalls:
     def __init__(self, dataplane):
         self.dp = dataplane
         self._tasks: dict = {}  # (worker id, call id) -> task
+        self._streams: dict = {}  # (worker id, call id) -> request of a decoupled infer call
         # (worker id, call id) -> responses whose outputs the caller has yet to copy out, in
         # the order of their replies (the caller releases them in that order).
         self._leases: dict = {}
@@ -43,6 +44,11 @@ class ServerCalls:
             task = self._tasks.get(key)
             if task is not None:
                 task.cancel()
+            return
+        if call.kind == "cancel_request":
+            request = self._streams.get(key)
+            if request is not None and request.ask_cancel is not None:
+                request.ask_cancel()
             return
         if call.kind == "release":
             leased = self._leases.get(key)
@@ -117,15 +123,23 @@ class ServerCalls:
                                   _DECOUPLED_ONLY.format(request.model_name)) from None
             self._reply(worker, call_id, True, response)
             return
+        key = (id(worker), call_id)
+        self._streams[key] = request
+        try:
+            await self._stream(worker, call_id, request)
+        finally:
+            del self._streams[key]
+
+    async def _stream(self, worker, call_id: int, request) -> None:
         async with contextlib.aclosing(self.dp.stream(request)) as responses:
             async for item in responses:
                 if item.response is not None:
                     sent = self._reply(worker, call_id, item.final, item.response)
                 else:
                     frame = None
-                    if item.error is not None:  # as every BLS error: INTERNAL
+                    if item.error is not None:  # with its code (Triton since 2.58)
                         frame = messages.ResponseFrame(
-                            [Code.INTERNAL.name, item.error.message], [])
+                            [item.error.code.name, item.error.message], [])
                     sent = worker.reply(messages.ServerReply(call_id, item.final, frame))
                 if not sent:
                     return  # the caller is gone: leaving the iteration cancels the request
@@ -189,12 +203,12 @@ def _infer_request(args: dict, worker) -> InferRequest:
 
 
 def _bls_error(call_id: int, model: str, exc: ServerError) -> messages.ServerReply:
-    """A failed call as Triton 2.51's Python backend reports it to the calling model: always
-    INTERNAL; a request the server refused before any model ran it (unknown model,
-    validation, full queue) says so first, and one for a model that is not there is "not
-    ready"."""
+    """A failed call as Triton's Python backend reports it to the calling model: a response's
+    error with its code (Triton since 2.58; 2.51 made it INTERNAL); a request the server
+    refused before any model ran it (unknown model, validation, full queue) INTERNAL, saying
+    so first, and one for a model that is not there is "not ready"."""
     if isinstance(exc, ModelError):
-        return _error_reply(call_id, Code.INTERNAL.name, exc.message)
+        return _error_reply(call_id, exc.code.name, exc.message)
     message = exc.message
     if exc.code is Code.NOT_FOUND:
         message = f"Failed for execute the inference request. Model '{model}' is not ready."

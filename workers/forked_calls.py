@@ -60,14 +60,19 @@ def _serve_child(channel: SyncChannel, reader: FrameReader) -> None:
     """Reads one child's calls until it exits; each call is forwarded on its own thread, so
     that the child's concurrent calls overlap as the worker's do."""
     cancelled: set = set()
+    active: dict = {}  # the child's call id -> its CallReplies, while forwarded
     try:
         while (msg := channel.recv()) is not None:
             if type(msg) is not messages.ServerCall:
                 continue
             if msg.kind == "cancel":
                 cancelled.add(msg.call_id)
+            elif msg.kind == "cancel_request":
+                replies = active.get(msg.call_id)
+                if replies is not None:
+                    replies.cancel()
             elif msg.kind != "release":  # replies reach the child inline: nothing to release
-                threading.Thread(target=_forward, args=(channel, reader, msg, cancelled),
+                threading.Thread(target=_forward, args=(channel, reader, msg, cancelled, active),
                                  name="shmserve-forked-call", daemon=True).start()
     except OSError:
         pass
@@ -76,9 +81,9 @@ def _serve_child(channel: SyncChannel, reader: FrameReader) -> None:
 
 
 def _forward(channel: SyncChannel, reader: FrameReader, call: messages.ServerCall,
-             cancelled: set) -> None:
+             cancelled: set, active: dict) -> None:
     try:
-        replies = reader.call(call.kind, call.args)
+        replies = active[call.call_id] = reader.call(call.kind, call.args)
     except (OSError, ConnectionError) as exc:
         _send(channel, messages.ServerReply(
             call.call_id, True, messages.ResponseFrame(["UNAVAILABLE", str(exc)], [])))
@@ -96,6 +101,7 @@ def _forward(channel: SyncChannel, reader: FrameReader, call: messages.ServerCal
     finally:
         replies.close()
         cancelled.discard(call.call_id)
+        active.pop(call.call_id, None)
 
 
 def _send(channel: SyncChannel, reply: messages.ServerReply) -> bool:

@@ -336,12 +336,12 @@ class _RowResponder:
     def __call__(self, response, final: bool) -> None:
         table = self._table
         if response is not None:
-            while not table.cancelled(self._row):
+            while not table.abandoned(self._row):
                 window = RESPONSE_WINDOW if table.consumed(self._row) else FIRST_WINDOW
                 if self._sent - table.consumed(self._row) < window:
                     break
                 table.wait_consumed(self._row, self._sent - window // 2, _WAIT_S)
-            if table.cancelled(self._row):
+            if table.abandoned(self._row):
                 response = None  # nobody will read it
                 if not final:
                     return

@@ -105,8 +105,8 @@ class FrameReader:
                 return msg
 
     def call(self, kind: str, args: dict, blocks=()):
-        """Send a ServerCall now; an iterator of its replies, ending after the final one.
-        Leaving it early tells the front to stop the call. `blocks`: the call's inputs in
+        """Send a ServerCall now; its CallReplies, an iterator of its replies ending after
+        the final one. Leaving it early tells the front to stop the call. `blocks`: the call's inputs in
         the CallArena, freed once the target can no longer read them."""
         with self._cv:
             call_id = next(self._ids)
@@ -120,7 +120,14 @@ class FrameReader:
             if blocks:
                 self.arena.free(blocks)
             raise
-        return self._replies(call_id, replies, blocks)
+        return CallReplies(self, call_id, self._replies(call_id, replies, blocks))
+
+    def cancel_request(self, call_id: int) -> None:
+        """Ask the model a call runs to stop; its replies still come, to the final one."""
+        try:
+            self._channel.send(messages.ServerCall(call_id, "cancel_request", {}))
+        except OSError:
+            pass
 
     def _replies(self, call_id: int, replies: deque, blocks):
         final = False
@@ -217,3 +224,27 @@ class FrameReader:
         self.regions.close()
         if self.arena is not None:
             self.arena.close()
+
+
+class CallReplies:
+    """The replies of one ServerCall, an iterator; `close()` leaves them (the front stops the
+    call), `cancel()` asks the model to stop while its replies are still read."""
+
+    __slots__ = ("_reader", "call_id", "_replies")
+
+    def __init__(self, reader: FrameReader, call_id: int, replies):
+        self._reader = reader
+        self.call_id = call_id
+        self._replies = replies
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._replies)
+
+    def close(self) -> None:
+        self._replies.close()
+
+    def cancel(self) -> None:
+        self._reader.cancel_request(self.call_id)

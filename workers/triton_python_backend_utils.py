@@ -675,8 +675,9 @@ class _ResponseIterator:
         return item
 
     def cancel(self):
-        """The caller wants no more responses: the server stops the call (Triton 2.57)."""
-        self._replies.close()
+        """Asks the server to cancel the request (the model's is_cancelled() turns true);
+        iterating goes on to the final response, as Triton's since 2.57."""
+        self._replies.cancel()
 
 
 def _bls_response(reply, device=None) -> "InferenceResponse":

@@ -16,7 +16,7 @@ from shmserve.errors import ServerError
 
 class ResponseStream:
     __slots__ = ("_loop", "_items", "_waiter", "_table", "_row", "_error", "finished",
-                 "cancelled", "lone")
+                 "cancelled", "cancel_asked", "lone")
 
     def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None, lone: bool = False):
         """`loop`: the reader's event loop (found when first waited on, unless given).
@@ -32,6 +32,7 @@ class ResponseStream:
         self._error: Optional[ServerError] = None
         self.finished = False  # the final response arrived, or the request failed
         self.cancelled = False
+        self.cancel_asked = False
 
     # -- the worker handle's side -------------------------------------------------------------
 
@@ -41,6 +42,8 @@ class ResponseStream:
         self._row = row
         if self.cancelled:
             table.cancel(row)
+        elif self.cancel_asked:
+            table.ask_cancel(row)
 
     @property
     def row(self) -> int:
@@ -88,6 +91,15 @@ class ResponseStream:
     def consumed(self) -> None:
         if self._table is not None:
             self._table.add_consumed(self._row)
+
+    def ask_cancel(self) -> None:
+        """The model is asked to stop (is_cancelled() says so); what it still sends is read,
+        to the final response, as a BLS caller's cancel() wants."""
+        if self.cancel_asked or self.finished:
+            return
+        self.cancel_asked = True
+        if self._table is not None:
+            self._table.ask_cancel(self._row)
 
     def cancel(self) -> None:
         if self.cancelled:

@@ -404,8 +404,10 @@ class Bye:
 class ServerCall:
     """A model's call into the server (worker to front), answered by ServerReply frames with
     its `call_id`. `kind` is "infer" (BLS), "load", "unload", "ready" (model control),
-    "cancel" (the caller left a call's replies unread: stop it) or "release" (the caller
-    copied out the outputs of the call's oldest reply that had any by reference)."""
+    "cancel" (the caller left a call's replies unread: stop it), "cancel_request" (a decoupled
+    infer call's caller asks the model to stop, and reads on to the final reply) or "release"
+    (the caller copied out the outputs of the call's oldest reply that had any by
+    reference)."""
 
     call_id: int
     kind: str

@@ -3,7 +3,9 @@ it without a control frame.
 
 A worker's main thread is inside `execute` when it matters most (a model streaming from a loop
 there), so it cannot be reading frames; a row it can read at any time can. Each row holds:
-- `cancelled`: set by the front when the client went away; `is_cancelled()` reads it.
+- `cancelled`: set by the front when the client went away (ABANDONED: what the model still
+  sends is dropped) or when the caller asked to cancel and still reads (CANCEL_ASKED: a BLS
+  caller's `cancel()`, the responses go on to it); `is_cancelled()` reads either.
 - `consumed`: how many of the request's responses the front has handed to the client; a
   streaming sender waits while too many are still unconsumed, so a slow reader bounds what
   is buffered for it (backpressure).
@@ -31,6 +33,7 @@ from shmserve.ipc.shm import Segment
 ROWS = 65536
 _FIELDS = 3  # cancelled, consumed, wake_at (uint32 each)
 CANCELLED, CONSUMED, WAKE_AT = 0, 1, 2
+ABANDONED, CANCEL_ASKED = 1, 2  # values of `cancelled`
 _MARK_OFFSET = ROWS * _FIELDS * 4
 SIZE = _MARK_OFFSET + 8
 _ROW_BYTES = _FIELDS * 4
@@ -56,9 +59,15 @@ class RequestTable:
         self._bytes[start:start + _ROW_BYTES] = _ZERO_ROW
 
     def cancel(self, row: int) -> None:
-        self._rows[row, CANCELLED] = 1
+        """Nobody reads the request's responses any more."""
+        self._rows[row, CANCELLED] = ABANDONED
         if self._rows[row, WAKE_AT]:
             self._wake()
+
+    def ask_cancel(self, row: int) -> None:
+        """The model is asked to stop; its responses are still read."""
+        if not self._rows[row, CANCELLED]:
+            self._rows[row, CANCELLED] = CANCEL_ASKED
 
     def add_consumed(self, row: int) -> None:
         rows = self._rows
@@ -85,6 +94,9 @@ class RequestTable:
     def cancelled(self, row: int) -> bool:
         return bool(self._rows[row, CANCELLED])
 
+    def abandoned(self, row: int) -> bool:
+        return self._rows[row, CANCELLED] == ABANDONED
+
     def consumed(self, row: int) -> int:
         return int(self._rows[row, CONSUMED])
 
@@ -96,7 +108,7 @@ class RequestTable:
         rows = self._rows
         rows[row, WAKE_AT] = count
         try:
-            if rows[row, CONSUMED] >= count or rows[row, CANCELLED]:
+            if rows[row, CONSUMED] >= count or rows[row, CANCELLED] == ABANDONED:
                 return
             if self.wake_fd < 0:
                 select.select([], [], [], timeout_s)

@@ -100,3 +100,20 @@ def test_without_an_eventfd_the_wait_ends_at_the_timeout():
         table.close()
     finally:
         segment.unlink()
+
+
+def test_a_cancel_asked_is_seen_and_keeps_the_responses_going(tables):
+    """A BLS caller's cancel(): the model sees is_cancelled(), its responses are still read
+    (the sender is not dropped), and a later abandonment overrides it."""
+    front, worker = tables
+    front.ask_cancel(ROW)
+    assert worker.cancelled(ROW) and not worker.abandoned(ROW)
+    # A sender waiting for room is not let go by the cancel asked: only by consumption.
+    thread = waiter(worker, 1, timeout_s=0.2)
+    thread.join(JOIN_S)
+    front.cancel(ROW)
+    assert worker.cancelled(ROW) and worker.abandoned(ROW)
+    front.ask_cancel(ROW)  # never downgrades an abandoned request
+    assert worker.abandoned(ROW)
+    front.reset(ROW)
+    assert not worker.cancelled(ROW)

@@ -85,7 +85,7 @@ class TritonPythonModel:
             values = [float(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0])
                       for r in values if pb_utils.get_output_tensor_by_name(r, "OUT")]
             return pb_utils.InferenceResponse([_floats("OUTPUT0", values), _text("")])
-        if mode == "stream_cancel":  # repeat's first response, then cancel(): no more come
+        if mode == "stream_cancel":  # repeat's first response, then cancel(): what came after
             responses = _request("repeat", ["OUT", "IDX"],
                                  IN=x.astype(np.int32)).exec(decoupled=True)
             first = pb_utils.get_output_tensor_by_name(next(responses), "OUT").as_numpy()[0]
