@@ -85,7 +85,7 @@ KNOWN = {
     "explicit model ready before load": "as 'ready unknown model'",
     "explicit ready unknown_field": "as 'ready unknown model' (not loaded yet)",
     "explicit ready no_versions": "as 'ready unknown model' (not loaded yet)",
-    "explicit load not json config": "Triton 2.51: 500 'failed to poll from model repository', the reason only in its log; shmserve: 400 with the reason",
+    "explicit load not json config": "Triton 2.51: 500 'failed to poll from model repository', the reason only in its log; shmserve: 400, Triton's text then the reason",
     "grpc explicit load bad config": "as 'explicit load not json config' (INTERNAL / INVALID_ARGUMENT)",
     "explicit load config of another name": "as 'explicit load not json config'",
     "explicit load file without config": "as 'explicit load not json config'",

@@ -125,17 +125,22 @@ class ModelManager:
         _check_name(name)
         self._check_control()
         files = files or {}
+        # What a load's parameters get wrong fails Triton's repository poll: its words, then
+        # why (which Triton only logs), and 400, as the client's mistake.
+        unpolled = f"failed to load '{name}', failed to poll from model repository: "
         if files and config_json is None:
-            raise ServerError(Code.INVALID_ARG, f"failed to load '{name}': model files "
-                                                f"('file:' parameters) require the 'config' "
-                                                f"parameter")
+            raise ServerError(Code.INVALID_ARG, f"{unpolled}model files ('file:' parameters) "
+                                                "require the 'config' parameter")
         config = None
         if config_json is not None:
             try:
                 config = parse_config_json(config_json)
             except ServerError as exc:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"load failed for model '{name}': {exc.message}\n") from None
+                raise ServerError(Code.INVALID_ARG, unpolled + exc.message) from None
+            if config.name and config.name != name:
+                raise ServerError(Code.INVALID_ARG, f"{unpolled}unexpected directory name "
+                                                    f"'{name}' for model '{config.name}', "
+                                                    "directory name must equal model name")
         async with self._locked(name):
             upload = _write_upload(name, files) if files else None
             path = upload or find_model(self.repositories, name)

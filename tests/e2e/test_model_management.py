@@ -247,8 +247,17 @@ def test_config_override_may_give_a_repeated_field_as_one_object(explicit):
 def test_bad_config_override_is_refused_and_the_model_keeps_serving(explicit, protocol):
     _, _, http, grpc = explicit
     client = http if protocol == "http" else grpc
-    with pytest.raises(InferenceServerException, match="load failed for model 'scale'"):
+    with pytest.raises(InferenceServerException) as refused:
         client.load_model("scale", config='{"max_batch_size": "many"}')
+    # Triton's words (its repository poll fails), then why
+    assert refused.value.message().startswith(
+        "failed to load 'scale', failed to poll from model repository: ")
+    assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("scale", config=config_json("other", 3.0))
+    assert refused.value.message() == (
+        "failed to load 'scale', failed to poll from model repository: unexpected directory "
+        "name 'scale' for model 'other', directory name must equal model name")
     assert infer(http, "scale")[0].tolist() == [2.0, 4.0]
 
 
