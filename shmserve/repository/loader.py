@@ -231,6 +231,9 @@ class Loader:
                     failures.append((mv.version, updates[mv.version], mv.state))
             elif not mv.ready:
                 failures.append((mv.version, mv.reason))
+        if not failures:
+            # Triton's line, which its tests and users' log scrapers look for
+            log.info("successfully loaded '%s'", entry.name)
         return _version_failures(failures), retired
 
     async def _read_config(self, entry, config):
@@ -457,6 +460,7 @@ class Loader:
             mv.reason = reg.UNLOADED
             mv.pool = None
             mv.scheduler = None
+            log.info("successfully unloaded '%s' version %d", mv.name, mv.version)  # Triton's
 
     async def unload_all(self) -> None:
         await self.stop_versions(list(self.registry.all_versions()))

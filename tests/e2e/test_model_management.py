@@ -174,7 +174,7 @@ def test_index_lists_loaded_versions_and_unloaded_models(explicit, protocol):
 
 
 def test_load_and_unload_over_both_protocols(explicit):
-    _, _, http, grpc = explicit
+    server, _, http, grpc = explicit
     http.load_model("other")
     assert http.is_model_ready("other")
     assert infer(grpc, "other")[0].tolist() == [2.0, 4.0]
@@ -189,6 +189,10 @@ def test_load_and_unload_over_both_protocols(explicit):
     http.unload_model("other")
     wait_until(lambda: index(grpc).get(("other", "1")) == ("UNAVAILABLE", "unloaded"),
                what="unload")
+    # Triton's lines, which its QA tests count
+    wait_until(lambda: server.log().count("successfully unloaded 'other' version 1") == 2,
+               what="unload logged")
+    assert server.log().count("successfully loaded 'other'") == 2
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
