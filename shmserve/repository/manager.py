@@ -177,8 +177,9 @@ class ModelManager:
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Start unloading `name` and the ensembles that use it (and, with
         `unload_dependents`, the steps of those ensembles that nothing else uses); as in
-        Triton, does not wait for the unload. Unloading a model that is not loaded succeeds."""
-        _check_name(name)
+        Triton, does not wait for the unload. Unloading a model that is not loaded succeeds,
+        whatever its name (only loaded models are looked at: no name leads out of the
+        repository; Triton 2.73 checks names only on load)."""
         self._check_control()
         configs = {n: _config(rec) for n, rec in self.registry.models.items()}
         loaded = {n for n, rec in self.registry.models.items()
@@ -376,8 +377,8 @@ def _remove_upload(model_dir: str) -> None:
 
 
 def _check_name(name: str) -> None:
-    """A name the load and unload APIs take: a directory of a repository, so never a path
-    out of it (INVALID_ARG before anything else is said, in Triton 2.73's words)."""
+    """A name the load API takes: a directory of a repository, so never a path out of it
+    (INVALID_ARG before anything else is said, in Triton 2.73's words)."""
     trimmed = name.strip()
     if not trimmed:
         raise ServerError(Code.INVALID_ARG,
