@@ -435,7 +435,8 @@ class DataPlane:
                                 started):
         loop = asyncio.get_running_loop()
         stream = work.stream = ResponseStream(loop, lone=self.in_flight == 1)
-        request.ask_cancel = stream.ask_cancel
+        if mv.pool is not None:  # an ensemble's stream has no row to tell its steps through
+            request.ask_cancel = stream.ask_cancel
         # Started now: the request reaches its scheduler in this turn of the loop.
         run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started), loop)
         run.add_done_callback(functools.partial(_end_of_execution, stream))

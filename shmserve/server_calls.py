@@ -49,6 +49,8 @@ class ServerCalls:
             request = self._streams.get(key)
             if request is not None and request.ask_cancel is not None:
                 request.ask_cancel()
+            elif key in self._tasks:  # an ensemble: its steps are stopped, the call ends
+                self._tasks[key].cancel()
             return
         if call.kind == "release":
             leased = self._leases.get(key)

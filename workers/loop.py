@@ -12,8 +12,9 @@ instance to read there (see device_tensors.py).
 A decoupled model's responses leave one `StreamResponse` at a time, from whatever thread sends
 them. A request may have at most RESPONSE_WINDOW responses that the front has not yet handed
 to its client: past that, the sender sleeps until half the window is free (the backpressure
-of a slow reader; the front wakes it, see request_table.py), unless the request is cancelled,
-whose responses are dropped here. Until its first response has been handed over, the window
+of a slow reader; the front wakes it, see request_table.py), unless nobody reads the request
+any more (abandoned: a client gone), whose responses are dropped here. A request whose caller
+only asked to cancel it (a BLS cancel()) is still read, to its final response. Until its first response has been handed over, the window
 is one response: a model that streams as fast as it can would otherwise take the CPU that the
 first response needs to reach its client (time to first response matters most to a streaming
 client). The window is small for the same reason: the front is what limits a stream's pace,
@@ -323,7 +324,7 @@ class WorkerLoop:
 
 class _RowResponder:
     """`respond(response, final)` of one request of a decoupled model, whose row in the
-    request table says whether it was cancelled and how many responses the front consumed."""
+    request table says whether it was abandoned and how many responses the front consumed."""
 
     __slots__ = ("_table", "_row", "_send", "_sent")
 

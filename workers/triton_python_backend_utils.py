@@ -639,7 +639,8 @@ _END = object()  # _ResponseIterator: no response after the last
 class _ResponseIterator:
     """The responses of a decoupled BLS call, as Triton's ResponseIterator: made once the
     first has come; iterated with next() or `for` (each waits for its response), or with
-    `async for` (waiting off the event loop); `cancel()` stops the call."""
+    `async for` (waiting off the event loop); `cancel()` cancels the request, the responses
+    still read to the final one."""
 
     def __init__(self, replies, device):
         self._replies = replies

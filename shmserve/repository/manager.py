@@ -358,14 +358,23 @@ def _write_upload(name: str, files: dict) -> str:
             # As Triton: the path is joined to the model's folder as written (a leading "/"
             # too, so "file:/1/model.py" is 1/model.py), and must stay inside it once
             # normalized.
-            path = os.path.realpath(model_dir + "/" + key[len(FILE_PREFIX):])
+            relative = key[len(FILE_PREFIX):]
+            if "\x00" in relative:
+                raise ServerError(Code.INVALID_ARG, f"Invalid file parameter '{key}': a path "
+                                                    "holds no NUL character")
+            path = os.path.realpath(model_dir + "/" + relative)
             if not path.startswith(inside + os.sep):
                 raise ServerError(Code.INVALID_ARG, f"Invalid file parameter '{key}' with "
                                                     f"normalized path '{path}' must stay within "
                                                     "model directory.")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(content)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(content)
+            except (IsADirectoryError, NotADirectoryError, FileExistsError):
+                raise ServerError(Code.INVALID_ARG, f"Invalid file parameter '{key}', "
+                                                    "directory has been created as a file"
+                                  ) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

@@ -325,6 +325,13 @@ def test_file_paths_are_joined_to_the_model_folder_and_must_stay_in_it(explicit)
         assert status == 400, key
         assert body["error"].startswith(f"Invalid file parameter '{key}' with normalized path '")
         assert body["error"].endswith("' must stay within model directory.")
+    status, body = post(server, "/v2/repository/models/leaving/load", {"parameters": {
+        "config": config_json("leaving", 3.0), "file:1": model, "file:1/model.py": model}})
+    assert (status, body["error"]) == (
+        400, "Invalid file parameter 'file:1/model.py', directory has been created as a file")
+    status, body = post(server, "/v2/repository/models/leaving/load", {"parameters": {
+        "config": config_json("leaving", 3.0), "file:1/mo\u0000del.py": model}})
+    assert status == 400 and body["error"].startswith("Invalid file parameter")
 
 
 @pytest.mark.parametrize("name", ["model;test", "model$test", "model(test)", "model!test"])

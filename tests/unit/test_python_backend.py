@@ -562,7 +562,7 @@ def test_response_without_final_is_an_error(make_runner):
     "threading.Thread(target=lambda: (time.sleep(0.2), sender.send(r, flags=FINAL))).start()",
     # the response now, FINAL from a thread
     "sender.send(r); threading.Timer(0.2, sender.send, kwargs={'flags': FINAL}).start()",
-    # kept by the model alone, answered at the next execute... of another thread
+    # kept by the model alone (in self), answered from another thread
     "self.kept.append(sender); threading.Timer(0.2, self.answer_kept, args=(r,)).start()",
 ])
 def test_a_response_sent_after_execute_returned_is_awaited(make_runner, later):

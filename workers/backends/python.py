@@ -39,6 +39,10 @@ class _ContractError(Exception):
 # How often a batch whose model answers after execute returned looks whether the model
 # still holds the requests it waits for.
 _LATE_ANSWER_POLL_S = 0.05
+# How often it collects garbage meanwhile (a cycle may hold a request nothing else does), and
+# how often it logs the request it waits for.
+_LATE_ANSWER_COLLECT_S = 5.0
+_LATE_ANSWER_WARN_S = 30.0
 
 
 class _RequestFacts:
@@ -370,26 +374,34 @@ class PythonModel:
         senders = {position: weakref.ref(pb_request._sender)
                    for position, (_, pb_request, sent) in enumerate(batch)
                    if not sent.final and not (self.iterative and self._reschedules(pb_request))}
+        if not senders:
+            return batch, senders
         return [(index, _RequestFacts(pb_request), sent)
                 for index, pb_request, sent in batch], senders
 
-    @staticmethod
-    def _await_late_answers(batch: list, senders: dict) -> None:
+    def _await_late_answers(self, batch: list, senders: dict) -> None:
         """Returns once every request the model still holds is answered in full.
 
         Triton lets a model that is not decoupled return None for a request and send its
         response (or the FINAL flag) later, from another thread or task; the batch's Result
         waits for those. A request nothing refers to any more (its sender gone) can never
         be answered, and is not waited for: it fails as unanswered."""
-        collected = False
+        collected = started = time.monotonic()
+        warned = 0.0
         for position, sender in senders.items():
             sent = batch[position][2]
             while not sent.wait_final(_LATE_ANSWER_POLL_S):
                 if sender() is None:
                     break
-                if not collected:
+                now = time.monotonic()
+                if now - collected >= _LATE_ANSWER_COLLECT_S or collected == started:
                     gc.collect()  # a cycle may be all that holds it
-                    collected = True
+                    collected = now
+                if now - started >= warned + _LATE_ANSWER_WARN_S:
+                    warned = now - started
+                    _log.warning("model instance '%s' holds request '%s' unanswered %.0f s "
+                                 "after execute returned; it takes no other batch meanwhile",
+                                 self._instance_name, batch[position][1].request_id(), warned)
 
     @staticmethod
     def _reschedules(pb_request) -> bool:
