@@ -224,7 +224,9 @@ def test_sigterm_stops_as_triton_does(launch, tmp_path):
     assert "SIGTERM received" in log and "shmserve stopped" in log
     # The three HTTP connections (two clients and the SSE stream), and the gRPC stream.
     first = [line for line in log.splitlines() if "] Timeout 60: " in line]
-    assert "Timeout 60: Found 3 HTTP service connections" in log, first
+    # 4 when the server had yet to see the close of the connection _sleep_in_flight opens
+    # and closes at once
+    assert re.search(r"Timeout 60: Found [34] HTTP service connections", log), first
     assert "Timeout 60: Found 1 GRPC service connections and inference handlers" in log, first
     countdown = [int(n) for n in re.findall(r"\] Timeout (\d+): ", log)]
     assert countdown == sorted(countdown, reverse=True)  # one countdown, never restarted

@@ -49,7 +49,7 @@ def test_a_stream_is_lone_only_while_no_other_request_is_in_flight():
         inst = StreamingInstance()
         stats = ModelStats()
         pool = InstancePool([inst], pipeline_below_us=0)
-        mv = SimpleNamespace(name="m", version=1, decoupled=True, stats=stats,
+        mv = SimpleNamespace(name="m", version=1, decoupled=True, stats=stats, pool=pool,
                              scheduler=DefaultScheduler(pool, stats))
         dp = DataPlane(Registry(), SharedMemoryManager(gpu_count=0))
         first = asyncio.ensure_future(read_all(dp, mv, "a"))
