@@ -217,15 +217,6 @@ def server(repo, tmp_path_factory):
         stop_server(srv)
 
 
-@pytest.fixture(scope="module")
-def clients(server):
-    made = {"http": httpclient.InferenceServerClient(server.http_url),
-            "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
-    yield made
-    for c in made.values():
-        c.close()
-
-
 def reference(model: onnx.ModelProto, feeds: dict) -> dict:
     """What onnxruntime in this process makes of `feeds`."""
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
