@@ -22,6 +22,7 @@ the serving one, as before.
 import os
 
 from shmserve.config.parse import config_path
+from shmserve.repository.scan import file_marks
 
 
 def config_change_requires_reload(old, new) -> bool:
@@ -108,24 +109,7 @@ def version_source(model_dir: str, version: int, config_name=None) -> tuple:
             continue
         if top.isascii() and top.isdigit() and top != str(version):
             continue
-        _mark(os.path.join(model_dir, top), model_dir, marks)
+        marks += file_marks(os.path.join(model_dir, top), model_dir)
     return (model_dir, *marks)
 
 
-def _mark(path: str, model_dir: str, marks: list) -> None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if not os.path.isdir(path):
-        marks.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
-        return
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
-        for filename in sorted(filenames):
-            file_path = os.path.join(dirpath, filename)
-            try:
-                st = os.stat(file_path)
-            except OSError:
-                continue
-            marks.append((os.path.relpath(file_path, model_dir), st.st_size, st.st_mtime_ns))

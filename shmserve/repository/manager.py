@@ -24,8 +24,8 @@ import tempfile
 from shmserve import registry as reg
 from shmserve.config.parse import parse_config_json
 from shmserve.errors import Code, ServerError
-from shmserve.repository.scan import (ModelEntry, find_model, not_unique, scan_repositories,
-                                     scan_repository, version_dirs)
+from shmserve.repository.scan import (ModelEntry, file_marks, find_model, not_unique,
+                                      scan_repositories, scan_repository, version_dirs)
 
 log = logging.getLogger("shmserve.repository")
 
@@ -284,19 +284,8 @@ class ModelManager:
 
 
 def fingerprint(model_dir: str) -> tuple:
-    """What a change to a model's directory changes: each file's path, size and mtime.
-    Bytecode caches (written as the model is imported) are not part of the model."""
-    marks = []
-    for dirpath, dirnames, filenames in os.walk(model_dir):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
-        for filename in sorted(filenames):
-            path = os.path.join(dirpath, filename)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            marks.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
-    return tuple(marks)
+    """What a change to a model's directory changes: each file's path, size and mtime."""
+    return tuple(file_marks(model_dir, model_dir))
 
 
 def models_to_unload(name: str, configs: dict, loaded: set, explicit: set,

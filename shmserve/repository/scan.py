@@ -97,3 +97,26 @@ def select_versions(policy: ModelVersionPolicy,
         present = set(available)
         return sorted(wanted & present), sorted(wanted - present)
     return sorted(available), []
+
+
+def file_marks(path: str, model_dir: str) -> list:
+    """(path relative to `model_dir`, size, mtime) of the file at `path`, or of each file
+    under it: what a change to it changes. Bytecode caches (written as the model is
+    imported) and hidden entries are not part of a model."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    if not os.path.isdir(path):
+        return [(os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns)]
+    marks = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        for filename in sorted(filenames):
+            file_path = os.path.join(dirpath, filename)
+            try:
+                st = os.stat(file_path)
+            except OSError:
+                continue
+            marks.append((os.path.relpath(file_path, model_dir), st.st_size, st.st_mtime_ns))
+    return marks
