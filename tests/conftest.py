@@ -9,6 +9,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +40,16 @@ def free_port() -> int:
 
 # PIDs of the servers this test session started (and its own, for in-process servers).
 STARTED_PIDS = {os.getpid()}
+
+
+def random_values(rng, dtype, shape):
+    """Values of `dtype` spread over its whole range (bool, integers) or normal (floats)."""
+    if dtype is np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
 
 
 def shm_entries() -> set:

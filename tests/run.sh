@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,onnx]'
+# torch: a CPU-only build (the default wheels of other indexes pull GBs of CUDA libraries);
+# TORCH_SPEC overrides it, e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu".
+.venv/bin/python -m pip install -q -e '.[test,onnx,torch]' ${TORCH_SPEC:-torch==2.13.0}
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

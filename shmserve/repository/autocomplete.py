@@ -1,5 +1,6 @@
 """A model's config completed by its backend at load, as Triton does: a Python model's
-`TritonPythonModel.auto_complete_config`, an ONNX model's inputs, outputs and batching.
+`TritonPythonModel.auto_complete_config`, an ONNX model's inputs, outputs and batching (a
+TorchScript model has nothing to complete).
 
 The backend runs in a throwaway process (`python -m workers.autocomplete`), as Triton's Python
 backend runs a throwaway stub: the front never imports model code or a framework, and nothing
@@ -38,6 +39,10 @@ def needs_completion(config: ModelConfig, version_dir: str) -> bool:
         # As Triton's onnxruntime backend: a config that lists inputs (or batch inputs) and
         # outputs is taken as it is.
         return not ((config.input or config.batch_input) and config.output)
+    if config.backend == "pytorch":
+        # Triton's words: a TorchScript file keeps no shapes to complete a config from.
+        log.warning("skipping model configuration auto-complete for '%s': not supported for "
+                    "pytorch backend", config.name)
     return False
 
 

@@ -3,7 +3,6 @@ beside Python models, an ensemble mixing both, and models whose backend cannot r
 output is compared with onnxruntime run in this process, over HTTP and gRPC."""
 
 import concurrent.futures
-import importlib.util
 import os
 import textwrap
 
@@ -17,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tests.conftest import start_server, stop_server, wait_for_models  # noqa: E402
+from tests.conftest import random_values, start_server, stop_server, wait_for_models  # noqa: E402
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 SERVING = ("onnx_add", "onnx_types", "onnx_strings", "onnx_batched", "py_double", "ens_mixed",
@@ -191,8 +190,6 @@ def build_repository(repo: str) -> None:
     for name in ("onnx_mismatch", "onnx_bad_param", "onnx_bad_mode", "onnx_wrong_type"):
         write_model(repo, name, {"model.onnx": add_sub_model()}, CONFIGS[name])
     write_model(repo, "unknown_backend", {"model.py": PY_DOUBLE}, CONFIGS["unknown_backend"])
-    # Not a TorchScript file, but the backend is refused before anything reads it.
-    write_model(repo, "torch_model", {"model.pt": "not a TorchScript archive"})
     write_model(repo, "py_double", {"model.py": PY_DOUBLE}, CONFIGS["py_double"])
     os.makedirs(os.path.join(repo, "ens_mixed", "1"))
     with open(os.path.join(repo, "ens_mixed", "config.pbtxt"), "w") as f:
@@ -315,14 +312,7 @@ def test_every_fixed_size_datatype(clients, protocol):
     rng = np.random.default_rng(5)
     arrays = {}
     for wire, _, dtype in TYPES:
-        if dtype is np.bool_:
-            values = rng.random((2, 3)) > 0.5
-        elif np.issubdtype(dtype, np.integer):
-            info = np.iinfo(dtype)
-            values = rng.integers(info.min, info.max, (2, 3), dtype=dtype, endpoint=True)
-        else:
-            values = rng.standard_normal((2, 3)).astype(dtype)
-        arrays[f"IN_{wire}"] = (wire, values)
+        arrays[f"IN_{wire}"] = (wire, random_values(rng, dtype, (2, 3)))
     want = reference(types_model(), {name: v for name, (_, v) in arrays.items()})
     result = infer(clients, protocol, "onnx_types", arrays)
     for wire, _, dtype in TYPES:
@@ -416,13 +406,6 @@ def test_an_unknown_backend_fails_only_its_model(clients):
 def test_a_backend_platform_mismatch_is_triton_s_error(clients):
     assert "unexpected 'platform' and 'backend' pair, got:pytorch_libtorch, onnxruntime" in \
         reason(clients, "onnx_mismatch")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("torch") is not None,
-                    reason="torch is installed here")
-def test_a_missing_framework_names_the_extra_to_install(clients):
-    assert ("backend 'pytorch' of model 'torch_model' needs the Python package 'torch', which "
-            "is not installed: pip install 'shmserve[torch]'") in reason(clients, "torch_model")
 
 
 def test_claiming_batching_for_a_model_that_cannot_batch(clients):

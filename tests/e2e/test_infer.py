@@ -11,6 +11,8 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
+from tests.conftest import wait_for_models
+
 CLIENTS = {"http": httpclient, "grpc": grpcclient}
 
 SAMPLES = {
@@ -54,6 +56,19 @@ def test_add_sub(clients, protocol):
     b = np.full(4, 2.0, np.float32)
     result = clients[protocol].infer("add_sub", [_input(mod, "INPUT0", a, "FP32"),
                                                  _input(mod, "INPUT1", b, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["add_sub_onnx", "add_sub_torchscript"])
+def test_the_framework_examples_answer_as_add_sub(server, clients, protocol, model):
+    wait_for_models(server, [model])
+    mod = CLIENTS[protocol]
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)  # these two batch: [batch, 4]
+    b = np.full((2, 4), 2.0, np.float32)
+    result = clients[protocol].infer(model, [_input(mod, "INPUT0", a, "FP32"),
+                                             _input(mod, "INPUT1", b, "FP32")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 

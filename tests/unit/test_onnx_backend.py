@@ -11,6 +11,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from workers.backends import AutoCompleteContext, BackendError, Context  # noqa: E402
 from workers.backends import onnxruntime as backend  # noqa: E402
+from workers.backends import parameters  # noqa: E402
 from workers.backends.batch import Input, Request  # noqa: E402
 
 
@@ -142,12 +143,12 @@ def test_the_default_intra_op_threads_share_the_cores_among_instances(monkeypatc
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     groups = {"instance_group": [{"kind": "KIND_CPU", "count": 2},
                                  {"kind": "KIND_GPU", "count": 1, "gpus": [0, 1]}]}
-    assert backend.instance_count(groups) == 4
-    assert backend.default_intra_op_threads(groups) == 2
+    assert parameters.instance_count(groups) == 4
+    assert parameters.default_intra_op_threads(groups) == 2
     options, _ = backend.session_options(groups)
     assert options.intra_op_num_threads == 2
     many = {"instance_group": [{"kind": "KIND_CPU", "count": 12}]}
-    assert backend.default_intra_op_threads(many) == 1
+    assert parameters.default_intra_op_threads(many) == 1
 
 
 # --- instances ---------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 _MODULES = {
     "python": "workers.backends.python",
     "onnxruntime": "workers.backends.onnxruntime",
+    "pytorch": "workers.backends.pytorch",
 }
 
 

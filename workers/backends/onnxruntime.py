@@ -13,14 +13,15 @@ and needs each output's shape before the run.)
 import ctypes
 import logging
 import os
-import time
 
 import numpy as np
 
 from shmserve.ipc import datatypes
 from workers.backends import AutoCompleteContext, BackendError, Context
-from workers.backends.batch import (Output, Request, Response, Timings, batch_view,
-                                    error_response, input_array)
+from workers.backends.batch import Output
+from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
+                                         string_parameters)
+from workers.backends.stacked import RunError, StackedModel
 
 try:
     import onnxruntime as ort
@@ -138,58 +139,11 @@ def _config_tensor(tensor: _Tensor, max_batch_size: int) -> dict:
 # --- parameters ------------------------------------------------------------------------------
 
 
-def _parameters(config: dict) -> dict:
-    return {key: value.get("string_value", "") if isinstance(value, dict) else str(value)
-            for key, value in (config.get("parameters") or {}).items()}
-
-
-def _int_parameter(parameters: dict, key: str, model: str, default: int) -> int:
-    if key not in parameters:
-        return default
-    try:
-        return int(parameters[key].strip())
-    except ValueError:
-        raise BackendError(f"unable to load model '{model}': parameter '{key}': failed to "
-                           f"convert '{parameters[key]}' to integral number") from None
-
-
-def _bool_parameter(parameters: dict, key: str, model: str):
-    """True, False, or None when the parameter is not given (ORT's default then)."""
-    if key not in parameters:
-        return None
-    value = parameters[key].strip().lower()
-    if value in ("true", "on", "1"):
-        return True
-    if value in ("false", "off", "0"):
-        return False
-    raise BackendError(f"unable to load model '{model}': parameter '{key}': failed to convert "
-                       f"'{parameters[key]}' to boolean")
-
-
-def instance_count(config: dict) -> int:
-    """How many instances the model runs on this machine."""
-    count = 0
-    for group in config.get("instance_group") or []:
-        devices = len(group.get("gpus") or []) if group.get("kind") == "KIND_GPU" else 1
-        count += int(group.get("count") or 1) * max(devices, 1)
-    return max(count, 1)
-
-
-def default_intra_op_threads(config: dict) -> int:
-    """The cores this process may run on, shared among the model's instances: several
-    instances, each with ORT's default of a thread per core, would oversubscribe them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores // instance_count(config))
-
-
 def session_options(config: dict):
     """(SessionOptions, RunOptions) from the model's config, as Triton's backend reads it;
     BackendError naming the parameter for a bad value."""
     name = config.get("name", "")
-    parameters = _parameters(config)
+    parameters = string_parameters(config)
     options = ort.SessionOptions()
     level = int(((config.get("optimization") or {}).get("graph") or {}).get("level") or 0)
     options.graph_optimization_level = {
@@ -197,21 +151,21 @@ def session_options(config: dict):
         1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    mode = _int_parameter(parameters, "execution_mode", name, 0)
+    mode = int_parameter(parameters, "execution_mode", name, 0)
     if mode not in (0, 1):
         raise BackendError(f"unable to load model '{name}': parameter 'execution_mode': "
                            f"expected 0 (sequential) or 1 (parallel), got {mode}")
     options.execution_mode = (ort.ExecutionMode.ORT_SEQUENTIAL if mode == 0
                               else ort.ExecutionMode.ORT_PARALLEL)
-    intra = _int_parameter(parameters, "intra_op_thread_count", name, 0)
+    intra = int_parameter(parameters, "intra_op_thread_count", name, 0)
     options.intra_op_num_threads = intra if intra > 0 else default_intra_op_threads(config)
-    inter = _int_parameter(parameters, "inter_op_thread_count", name, 0)
+    inter = int_parameter(parameters, "inter_op_thread_count", name, 0)
     if inter > 0:
         options.inter_op_num_threads = inter
-    arena = _bool_parameter(parameters, "enable_mem_arena", name)
+    arena = bool_parameter(parameters, "enable_mem_arena", name)
     if arena is not None:
         options.enable_cpu_mem_arena = arena
-    pattern = _bool_parameter(parameters, "enable_mem_pattern", name)
+    pattern = bool_parameter(parameters, "enable_mem_pattern", name)
     if pattern is not None:
         options.enable_mem_pattern = pattern
     key = "session.use_device_allocator_for_initializers"
@@ -247,12 +201,8 @@ class _Io:
         self.bf16 = self.wire == "BF16"
 
 
-class OnnxModel:
+class OnnxModel(StackedModel):
     """One instance of an ONNX model (the backend interface's Instance)."""
-
-    decoupled = False
-    iterative = False
-    has_readiness_hook = False
 
     def __init__(self, context: Context):
         config = context.model_config
@@ -317,95 +267,11 @@ class OnnxModel:
             ios.append(_Io(entry, tensor, batching))
         return ios
 
-    def is_ready(self) -> bool:
-        return True
-
     def finalize(self) -> None:
         self._session = None
 
-    def execute(self, requests: list[Request]) -> tuple[list[Response], Timings]:
-        start = time.perf_counter_ns()
-        responses: list[Response | None] = [None] * len(requests)
-        arrays = {}  # index -> {input name: array}
-        for index, request in enumerate(requests):
-            try:
-                arrays[index] = {t.name: input_array(t, request.request_id, self._name)
-                                 for t in request.inputs}
-            except ValueError as exc:
-                responses[index] = error_response("INVALID_ARG", str(exc))
-        groups = [list(arrays)]
-        if self._max_batch_size == 0:
-            groups = [[index] for index in arrays]
-        timing = [0, 0, 0]
-        for group in groups:
-            if group:
-                self._run(group, requests, arrays, responses, timing)
-        return responses, Timings(timing[0], timing[1], timing[2], start)
-
-    def _run(self, group: list, requests: list, arrays: dict, responses: list,
-             timing: list) -> None:
-        began = time.perf_counter_ns()
-        try:
-            feeds, sizes = self._feeds([arrays[i] for i in group])
-        except ValueError as exc:
-            if len(group) > 1:
-                # Requests that do not stack (a free dimension that differs), or one whose
-                # strings are not UTF-8: one at a time, so that only that one fails.
-                for index in group:
-                    self._run([index], requests, arrays, responses, timing)
-                return
-            responses[group[0]] = error_response("INVALID_ARG", f"{type(exc).__name__}: {exc}")
-            return
-        fed = time.perf_counter_ns()
-        try:
-            results = self._infer(feeds)
-        except Exception as exc:  # ORT's own exception types share no useful base
-            message = (f"Failed to process the request(s) for model instance "
-                       f"'{self._instance_name}', message: {exc}")
-            for index in group:
-                responses[index] = error_response("INTERNAL", message)
-            timing[1] += time.perf_counter_ns() - fed
-            return
-        ran = time.perf_counter_ns()
-        row = 0
-        for index, size in zip(group, sizes):
-            request = requests[index]
-            wanted = set(request.requested_output_names)
-            outputs = []
-            for io, result in zip(self._outputs, results):
-                if io.name not in wanted:
-                    continue
-                part = result[row:row + size] if size is not None else result
-                outputs.append(self._output(io, part, size))
-            responses[index] = Response(outputs, None, {})
-            if size is not None:
-                row += size
-        timing[0] += fed - began
-        timing[1] += ran - fed
-        timing[2] += time.perf_counter_ns() - ran
-
-    def _feeds(self, arrays: list) -> tuple[dict, list]:
-        """The model's inputs for requests whose inputs are `arrays` ({name: array} each), and
-        each request's batch size (None for a model that does not batch). ValueError when the
-        requests' inputs cannot be stacked."""
-        batching = self._max_batch_size > 0
-        sizes = [None] * len(arrays)
-        feeds = {}
-        for io in self._inputs:
-            parts = [a[io.name] for a in arrays if io.name in a]
-            if not parts:
-                continue  # an optional input no request gave
-            if len(parts) != len(arrays):
-                raise ValueError(f"input '{io.name}' is missing from some requests")
-            if batching:
-                sizes = [p.shape[0] if p.ndim else 1 for p in parts]
-                array = parts[0] if len(parts) == 1 else _stack(parts)
-            else:
-                array = parts[0]
-            if io.model_shape is not None:
-                array = array.reshape(([sum(sizes)] if batching else []) + io.model_shape)
-            feeds[io.name] = self._to_ort(io, array)
-        return feeds, sizes
+    def _feeds(self, stacked: dict) -> dict:
+        return {io.name: self._to_ort(io, array) for io, array in stacked.items()}
 
     def _to_ort(self, io: _Io, array):
         if io.wire == "BYTES":
@@ -421,10 +287,14 @@ class OnnxModel:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
 
     def _infer(self, feeds: dict) -> list:
-        if not self._by_value:
-            return self._session.run(self._output_names, feeds, self._run_options)
-        values = self._session.run_with_ort_values(self._output_names, feeds,
-                                                    self._run_options)
+        try:
+            if not self._by_value:
+                return self._session.run(self._output_names, feeds, self._run_options)
+            values = self._session.run_with_ort_values(self._output_names, feeds,
+                                                        self._run_options)
+        except Exception as exc:  # ORT's own exception types share no useful base
+            raise RunError("INTERNAL", f"Failed to process the request(s) for model instance "
+                                       f"'{self._instance_name}', message: {exc}") from None
         return [_bf16_array(v) if io.bf16 else v.numpy()
                 for io, v in zip(self._outputs, values)]
 
@@ -435,11 +305,6 @@ class OnnxModel:
             array = array.reshape(shape if shape.count(-1) <= 1 else array.shape)
         array = np.ascontiguousarray(array)
         return Output(io.name, io.wire, list(array.shape), array)
-
-
-def _stack(parts: list):
-    stacked = None if parts[0].dtype.hasobject else batch_view(parts)
-    return stacked if stacked is not None else np.concatenate(parts)
 
 
 def _bf16_array(value) -> np.ndarray:

@@ -1,0 +1,151 @@
+"""Framework backends that run a batch as one call: each input of the batch's requests as one
+[N, ...] array (a view of the batch's block when the requests lie back to back), each request
+answered with its rows of every output it asked for.
+
+The ONNX Runtime and PyTorch backends are such models. A subclass sets `_name`,
+`_instance_name`, `_max_batch_size`, `_inputs` and `_outputs` (objects with `.name` and
+`.model_shape`: the shape the framework takes without the batch dimension, or None for the
+request's own) and says how to feed its framework, run it and read an output:
+
+    _feeds(stacked: {io: array}) -> feeds     (ValueError: these requests cannot run together)
+    _infer(feeds) -> [result per output]      (RunError for the whole group)
+    _output(io, rows, size) -> batch.Output
+
+Requests that do not stack (a free dimension that differs, bytes the framework refuses) run
+one at a time, so that only the one at fault fails.
+"""
+
+import time
+
+import numpy as np
+
+from workers.backends.batch import Request, Response, Timings, batch_view, error_response, \
+    input_array
+
+
+class RunError(Exception):
+    """The framework failed the group's run: every request of it gets this error."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StackedModel:
+    """The backend interface's Instance for a framework that runs a whole batch at once."""
+
+    decoupled = False
+    iterative = False
+    has_readiness_hook = False
+
+    _name: str
+    _instance_name: str
+    _max_batch_size: int
+    _inputs: list
+    _outputs: list
+
+    def is_ready(self) -> bool:
+        return True
+
+    def execute(self, requests: list[Request]) -> tuple[list[Response], Timings]:
+        start = time.perf_counter_ns()
+        responses: list[Response | None] = [None] * len(requests)
+        arrays = {}  # index -> {input name: array}
+        for index, request in enumerate(requests):
+            try:
+                arrays[index] = {t.name: input_array(t, request.request_id, self._name)
+                                 for t in request.inputs}
+            except ValueError as exc:
+                responses[index] = error_response("INVALID_ARG", str(exc))
+        groups = [list(arrays)]
+        if self._max_batch_size == 0:
+            groups = [[index] for index in arrays]
+        timing = [0, 0, 0]
+        for group in groups:
+            if group:
+                self._run(group, requests, arrays, responses, timing)
+        return responses, Timings(timing[0], timing[1], timing[2], start)
+
+    def _run(self, group: list, requests: list, arrays: dict, responses: list,
+             timing: list) -> None:
+        began = time.perf_counter_ns()
+        try:
+            stacked, sizes = self._stack([arrays[i] for i in group])
+            feeds = self._feeds(stacked)
+        except ValueError as exc:
+            if len(group) > 1:
+                for index in group:
+                    self._run([index], requests, arrays, responses, timing)
+                return
+            responses[group[0]] = error_response("INVALID_ARG", f"{type(exc).__name__}: {exc}")
+            return
+        fed = time.perf_counter_ns()
+        try:
+            results = self._infer(feeds)
+            if sizes[0] is not None:
+                self._check_rows(results, sum(sizes))
+        except RunError as exc:
+            for index in group:
+                responses[index] = error_response(exc.code, exc.message)
+            timing[1] += time.perf_counter_ns() - fed
+            return
+        ran = time.perf_counter_ns()
+        row = 0
+        for index, size in zip(group, sizes):
+            wanted = set(requests[index].requested_output_names)
+            outputs = []
+            for io, result in zip(self._outputs, results):
+                if io.name in wanted:
+                    part = result[row:row + size] if size is not None else result
+                    outputs.append(self._output(io, part, size))
+            responses[index] = Response(outputs, None, {})
+            if size is not None:
+                row += size
+        timing[0] += fed - began
+        timing[1] += ran - fed
+        timing[2] += time.perf_counter_ns() - ran
+
+    def _stack(self, arrays: list) -> tuple[dict, list]:
+        """{io: the group's array of that input} for requests whose inputs are `arrays`
+        ({name: array} each), and each request's batch size (None for a model that does not
+        batch). ValueError when the requests' inputs cannot be stacked."""
+        batching = self._max_batch_size > 0
+        sizes = [None] * len(arrays)
+        stacked = {}
+        for io in self._inputs:
+            parts = [a[io.name] for a in arrays if io.name in a]
+            if not parts:
+                continue  # an optional input no request gave
+            if len(parts) != len(arrays):
+                raise ValueError(f"input '{io.name}' is missing from some requests")
+            if batching:
+                sizes = [p.shape[0] if p.ndim else 1 for p in parts]
+                array = parts[0] if len(parts) == 1 else _concatenate(parts)
+            else:
+                array = parts[0]
+            if io.model_shape is not None:
+                array = array.reshape(([sum(sizes)] if batching else []) + io.model_shape)
+            stacked[io] = array
+        return stacked, sizes
+
+    def _check_rows(self, results: list, rows: int) -> None:
+        for io, result in zip(self._outputs, results):
+            count = len(result) if getattr(result, "ndim", 1) else 0
+            if count != rows:
+                raise RunError("INTERNAL", f"output '{io.name}' of model '{self._name}' has "
+                                           f"{count} rows for a batch of {rows}")
+
+    def _feeds(self, stacked: dict):
+        raise NotImplementedError
+
+    def _infer(self, feeds) -> list:
+        raise NotImplementedError
+
+    def _output(self, io, rows, size):
+        raise NotImplementedError
+
+
+def _concatenate(parts: list):
+    stacked = None if parts[0].dtype.hasobject else batch_view(parts)
+    return stacked if stacked is not None else np.concatenate(parts)
