@@ -11,7 +11,7 @@ import re
 import sys
 
 from shmserve import logs, restricted_api
-from shmserve.config.backend import parse_backend_config
+from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY, parse_backend_config
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.errors import ServerError
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
@@ -36,7 +36,7 @@ UNSUPPORTED_FLAGS = (
 # accepted, so that a Triton command line works unchanged, and the log says they have no
 # effect. None changes what a well-behaved client's request gets.
 NO_EFFECT_FLAGS = ("http-thread-count", "grpc-infer-thread-count", "model-load-thread-count",
-                   "backend-directory", "pinned-memory-pool-byte-size",
+                   "pinned-memory-pool-byte-size",
                    "cuda-memory-pool-byte-size", "buffer-manager-thread-count", "host-policy",
                    "min-supported-compute-capability", "grpc-infer-allocation-pool-size",
                    "grpc-max-response-pool-size", "repoagent-directory", "cache-directory",
@@ -301,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="[BACKEND,]SETTING=VALUE",
                    help="a backend's setting, or every backend's without BACKEND (as Triton: "
                         "onnxruntime,default-max-batch-size=8)")
+    p.add_argument("--backend-directory", default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",
+                   help="where Python-based backends live: a model with backend NAME that "
+                        "shmserve does not run itself (or with runtime \"model.py\") runs "
+                        "DIR/NAME/model.py")
     p.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
                    help="deprecated Triton spelling: true means --disable-auto-complete-config")
     p.add_argument("--log-verbose", type=int, default=0)
@@ -393,6 +397,7 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         model_config_name=args.model_config_name,
         disable_auto_complete=args.disable_auto_complete_config or bool(args.strict_model_config),
         backend_config=backend_config,
+        backend_directory=args.backend_directory,
         server_id=args.server_id,
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,

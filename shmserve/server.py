@@ -15,6 +15,7 @@ from typing import Optional
 from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
 from shmserve.collector import Collector
+from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
@@ -51,6 +52,7 @@ class Options:
     disable_auto_complete: bool = False
     # --backend-config: {backend, or "" for every backend: {setting: value}}
     backend_config: dict = field(default_factory=dict)
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY
     server_id: str = "shmserve"
     strict_readiness: bool = True
     exit_timeout_secs: int = 30
@@ -140,6 +142,7 @@ class Server:
                              config_name=options.model_config_name,
                              disable_auto_complete=options.disable_auto_complete,
                              backend_config=options.backend_config,
+                             backend_directory=options.backend_directory,
                              load_retries=options.model_load_retry_count,
                              summary_quantiles=(options.metrics_summary_quantiles
                                                 if options.allow_metrics else ()),

@@ -144,6 +144,7 @@ def _serve(fd: int, spin_us) -> tuple:
             model_repository=init.model_repository,
             state_memory=None if state_arena is None else state_arena.buffer,
             state_reserve=None if state_arena is None else state_arena.reserve,
+            runtime_dir=init.runtime_dir,
         ))
         if spin is not None and instance.decoupled:
             spin.spin_s = max(spin.spin_s, STREAM_SPIN_US / 1e6)

@@ -16,6 +16,10 @@ from shmserve.errors import invalid_arg
 from shmserve.proto import ModelConfig
 
 ENSEMBLE_PLATFORM = "ensemble"
+# A config's `runtime` for a Python-based backend: <backend directory>/<backend>/model.py.
+PYTHON_RUNTIME = "model.py"
+# tritonserver's default --backend-directory.
+DEFAULT_BACKEND_DIRECTORY = "/opt/tritonserver/backends"
 
 
 @dataclass(frozen=True)
@@ -137,12 +141,39 @@ def check_backend_fields(config: ModelConfig) -> None:
                           f"{config.platform}, {config.backend}")
 
 
-def require_backend(config: ModelConfig, find_spec=importlib.util.find_spec) -> None:
+def require_backend(config: ModelConfig, backend_directory: str = DEFAULT_BACKEND_DIRECTORY,
+                    find_spec=importlib.util.find_spec) -> None:
     """INVALID_ARG when shmserve cannot run the model's backend: one it does not have (in
     Triton's words for a backend library it cannot find), or one whose framework is not
-    installed (naming the extra that installs it). An ensemble needs none."""
+    installed (naming the extra that installs it). An ensemble needs none.
+
+    As Triton's core: a backend shmserve does not have, or any backend with `runtime:
+    "model.py"`, is a Python-based backend when `<backend_directory>/<backend>/model.py`
+    exists; the config's `runtime` then says "model.py"."""
     if config.platform == ENSEMBLE_PLATFORM and not config.backend:
         return
+    runtime = config.runtime
+    if runtime == PYTHON_RUNTIME or (not runtime and config.backend not in BACKENDS):
+        folder = python_backend_folder(backend_directory, config.backend)
+        path = os.path.join(folder or backend_directory, PYTHON_RUNTIME)
+        if folder is None:
+            raise invalid_arg(f"backend name '{config.backend}' of model '{config.name}' is not "
+                              f"the name of a folder in backend directory "
+                              f"'{backend_directory}'")
+        if not os.path.isfile(path):
+            if runtime:
+                raise invalid_arg("unable to find Python backend based backend library "
+                                  f"'{PYTHON_RUNTIME}' for model '{config.name}', searched: "
+                                  f"'{path}'")
+            raise invalid_arg(f"unable to find backend library for backend '{config.backend}', "
+                              "try specifying runtime on the model configuration.")
+        config.runtime = PYTHON_RUNTIME
+        return
+    if runtime and runtime != f"libtriton_{config.backend}.so":
+        raise invalid_arg(f"unable to find backend library '{runtime}' for model "
+                          f"'{config.name}': shmserve runs backend '{config.backend}' itself "
+                          f"(runtime '', 'libtriton_{config.backend}.so' or "
+                          f"'{PYTHON_RUNTIME}' for a Python-based backend)")
     backend = BACKENDS.get(config.backend)
     if backend is None:
         raise invalid_arg(f"unable to find backend library for backend '{config.backend}', "
@@ -152,6 +183,22 @@ def require_backend(config: ModelConfig, find_spec=importlib.util.find_spec) -> 
             f"backend '{backend.name}' of model '{config.name}' needs the Python package "
             f"'{backend.package}', which is not installed: pip install "
             f"'shmserve[{backend.extra}]'")
+
+
+def python_backend_folder(backend_directory: str, backend: str) -> str | None:
+    """The folder of Python-based backend `backend` (its model.py lies there); None for a name
+    that is not one folder's name (a path could lead out of `backend_directory`)."""
+    if backend in ("", ".", "..") or "/" in backend or "\0" in backend:
+        return None
+    return os.path.join(os.path.abspath(backend_directory), backend)
+
+
+def runtime_folder(runtime: str, backend: str, backend_directory: str) -> str:
+    """Where the Python-based backend of a model (its config's `runtime` and `backend`, as
+    require_backend resolved them) lives; "" for every other model."""
+    if runtime != PYTHON_RUNTIME:
+        return ""
+    return python_backend_folder(backend_directory, backend) or ""
 
 
 def parse_backend_config(values: list) -> dict:

@@ -163,7 +163,7 @@ class BatchTimings:
 class WorkerHandle:
     def __init__(self, *, model_name: str, model_version: int, model_dir: str,
                  model_repository: str, model_config: dict, instance_name: str,
-                 instance_kind: str, device_id: int,
+                 instance_kind: str, device_id: int, runtime_dir: str = "",
                  on_exit: Optional[Callable[["WorkerHandle"], None]] = None,
                  on_server_call: Optional[Callable] = None, spin_us: int = DEFAULT_SPIN_US,
                  front_spin: Optional[FrontSpin] = None):
@@ -178,7 +178,8 @@ class WorkerHandle:
         self._init_args = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,
                                model_config=model_config, instance_name=instance_name,
-                               instance_kind=instance_kind, device_id=device_id)
+                               instance_kind=instance_kind, device_id=device_id,
+                               runtime_dir=runtime_dir)
         self._on_exit = on_exit
         self._on_server_call = on_server_call
         self._batch_ids = itertools.count(1)

@@ -124,13 +124,15 @@ class Init:
     # The eventfd (inherited under this number) each write of which asks for a MetricsReport:
     # the front asks at every scrape of /metrics; -1 for none.
     metrics_fd: int = -1
+    # A Python-based backend's folder, whose model.py runs the model; "" for other models.
+    runtime_dir: str = ""
 
     def to_wire(self) -> list:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
                 self.state_arena, self.wake_fd, self.bls_arena, self.answer_fd,
-                self.metrics_fd]
+                self.metrics_fd, self.runtime_dir]
 
     @staticmethod
     def from_wire(w: list) -> "Init":

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 
+from shmserve.config.backend import PYTHON_RUNTIME
 from shmserve.config.parse import parse_config_json
 from shmserve.config.render import config_to_json
 from shmserve.dispatch.worker import worker_command, worker_env
@@ -30,8 +31,11 @@ TIMEOUT_SECONDS = 60.0
 METHOD_NAME = b"auto_complete_config"
 
 
-def needs_completion(config: ModelConfig, version_dir: str) -> bool:
-    """Whether the backend of `config` has anything to complete for this model."""
+def needs_completion(config: ModelConfig, version_dir: str, runtime_dir: str = "") -> bool:
+    """Whether the backend of `config` has anything to complete for this model (`runtime_dir`:
+    the folder of its Python-based backend, if it has one)."""
+    if runtime_dir:
+        return _mentions_method(os.path.join(runtime_dir, PYTHON_RUNTIME))
     if config.backend == "python":
         return _mentions_method(os.path.join(version_dir,
                                              config.default_model_filename or "model.py"))
@@ -47,10 +51,11 @@ def needs_completion(config: ModelConfig, version_dir: str) -> bool:
 
 
 async def complete_model_config(entry: ModelEntry, config: ModelConfig,
-                                settings: dict | None = None) -> ModelConfig:
+                                settings: dict | None = None,
+                                runtime_dir: str = "") -> ModelConfig:
     """`config` as completed by the model's backend; `config` itself when there is nothing
     to complete. INVALID_ARG, naming the model, if it fails. `settings`: the backend's
-    --backend-config settings."""
+    --backend-config settings; `runtime_dir`: the folder of its Python-based backend."""
     # Triton completes the config while loading the model's first version; we take the highest
     # version the config's policy selects, which under the default policy (latest 1) is the
     # only one loaded. A policy that auto_complete_config itself sets cannot be honoured here.
@@ -61,13 +66,14 @@ async def complete_model_config(entry: ModelEntry, config: ModelConfig,
     if not versions:
         return config
     version = versions[-1]
-    if not needs_completion(config, os.path.join(entry.path, str(version))):
+    if not needs_completion(config, os.path.join(entry.path, str(version)), runtime_dir):
         return config
-    return await auto_complete(entry.path, version, config, settings=settings)
+    return await auto_complete(entry.path, version, config, settings=settings,
+                               runtime_dir=runtime_dir)
 
 
 async def auto_complete(model_dir: str, version: int, config: ModelConfig, *,
-                        settings: dict | None = None,
+                        settings: dict | None = None, runtime_dir: str = "",
                         timeout: float = TIMEOUT_SECONDS) -> ModelConfig:
     """Runs the auto-complete of `config`'s backend on `<model_dir>/<version>` in a child
     process, which is killed after `timeout` seconds."""
@@ -77,7 +83,7 @@ async def auto_complete(model_dir: str, version: int, config: ModelConfig, *,
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         *worker_command("workers.autocomplete", model_dir, str(version),
-                        json.dumps(settings or {})),
+                        json.dumps(settings or {}), runtime_dir),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=worker_env())
     try:

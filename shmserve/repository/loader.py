@@ -20,8 +20,9 @@ import time
 from shmserve import proto
 from shmserve import registry as reg
 from shmserve.classification import read_labels
-from shmserve.config.backend import (backend_settings, check_backend_fields,
-                                     fill_backend_fields, require_backend)
+from shmserve.config.backend import (DEFAULT_BACKEND_DIRECTORY, backend_settings,
+                                     check_backend_fields, fill_backend_fields, require_backend,
+                                     runtime_folder)
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
@@ -87,7 +88,8 @@ class Loader:
                  summary_quantiles: tuple = (), rate_limiter=None,
                  worker_spin_us: int = DEFAULT_SPIN_US, front_spin=None,
                  pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US,
-                 gpu_metric_labels: bool = False, backend_config: dict | None = None):
+                 gpu_metric_labels: bool = False, backend_config: dict | None = None,
+                 backend_directory: str = DEFAULT_BACKEND_DIRECTORY):
         """`load_retries`: how many more times a version that failed to load is tried
         (Triton's --model-load-retry-count); `summary_quantiles`: the quantiles of each
         version's latency summaries, none without --metrics-config summary_latencies;
@@ -99,8 +101,10 @@ class Loader:
         metrics count GPU instances' work under their GPU's `gpu_uuid` (GPU metrics on).
         `on_instance_added(pool, instance)` and `on_instance_removed(instance)`: an instance
         group update added an instance to a serving pool, or is stopping one it removed.
-        `backend_config`: --backend-config settings, {backend or "" for all: {key: value}}."""
+        `backend_config`: --backend-config settings, {backend or "" for all: {key: value}};
+        `backend_directory`: where Python-based backends live (--backend-directory)."""
         self._backend_config = backend_config or {}
+        self._backend_directory = backend_directory
         self._gpu_metric_labels = gpu_metric_labels
         self._rate_limiter = rate_limiter
         self._pipeline_below_us = pipeline_below_us
@@ -246,10 +250,12 @@ class Loader:
         # Before the backend runs anything: a mismatch, or a backend that cannot run here,
         # is told as such rather than as whatever auto-complete would make of it.
         check_backend_fields(config)
-        require_backend(config)
+        require_backend(config, self._backend_directory)
         if self._auto_complete:
             config = await complete_model_config(
-                entry, config, backend_settings(self._backend_config, config.backend))
+                entry, config, backend_settings(self._backend_config, config.backend),
+                runtime_dir=runtime_folder(config.runtime, config.backend,
+                                           self._backend_directory))
         return config
 
     def _normalize(self, config, name: str):
@@ -352,6 +358,8 @@ class Loader:
         worker = WorkerHandle(
             model_name=entry.name, model_version=version, model_dir=entry.path,
             model_repository=entry.path, model_config=config_json, instance_name=want.name,
+            runtime_dir=runtime_folder(config_json.get("runtime", ""),
+                                       config_json.get("backend", ""), self._backend_directory),
             instance_kind=want.kind, device_id=want.device, on_exit=self._on_instance_exit,
             on_server_call=self.server_calls, spin_us=self._worker_spin_us,
             front_spin=self._front_spin)

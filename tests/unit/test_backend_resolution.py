@@ -3,7 +3,8 @@
 import pytest
 
 from shmserve.config.backend import (backend_settings, check_backend_fields,
-                                     fill_backend_fields, parse_backend_config, require_backend)
+                                     fill_backend_fields, parse_backend_config, require_backend,
+                                     runtime_folder)
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_text
 from shmserve.errors import ServerError
@@ -132,6 +133,46 @@ def test_an_unknown_backend_is_refused_by_name():
         require_backend(parse_config_text('name: "m" backend: "vllm"'))
     assert err.value.message == ("unable to find backend library for backend 'vllm', try "
                                  "specifying runtime on the model configuration.")
+
+
+def python_based(tmp_path, backend="custom"):
+    (tmp_path / backend).mkdir()
+    (tmp_path / backend / "model.py").write_text("")
+    return str(tmp_path)
+
+
+def test_a_backend_with_a_model_py_in_the_backend_directory_is_python_based(tmp_path):
+    directory = python_based(tmp_path)
+    config = parse_config_text('name: "m" backend: "custom"')
+    require_backend(config, directory, find_spec=None)
+    assert config.runtime == "model.py"
+    assert runtime_folder(config.runtime, config.backend, directory) == str(tmp_path / "custom")
+    assert runtime_folder("", "python", directory) == ""
+
+
+def test_runtime_model_py_makes_any_backend_python_based(tmp_path):
+    directory = python_based(tmp_path, "pytorch")
+    config = parse_config_text('name: "m" backend: "pytorch" runtime: "model.py"')
+    require_backend(config, directory, find_spec=None)  # torch is not needed
+    config = parse_config_text('name: "m" backend: "onnxruntime" runtime: "model.py"')
+    with pytest.raises(ServerError) as err:
+        require_backend(config, directory)
+    assert err.value.message == (
+        "unable to find Python backend based backend library 'model.py' for model 'm', "
+        f"searched: '{tmp_path / 'onnxruntime' / 'model.py'}'")
+
+
+@pytest.mark.parametrize("text,message", [
+    ('backend: "a/b"', "backend name 'a/b' of model 'm' is not the name of a folder in "
+                       "backend directory"),
+    ('backend: ".." runtime: "model.py"', "backend name '..' of model 'm' is not"),
+    ('backend: "onnxruntime" runtime: "libtriton_pytorch.so"',
+     "unable to find backend library 'libtriton_pytorch.so' for model 'm'"),
+])
+def test_runtimes_that_cannot_be_found(tmp_path, text, message):
+    with pytest.raises(ServerError) as err:
+        require_backend(parse_config_text('name: "m" ' + text), python_based(tmp_path))
+    assert message in err.value.message
 
 
 def test_a_missing_framework_names_the_extra():

@@ -14,6 +14,9 @@ module defines:
         BackendError when the model cannot be read or contradicts its config. Runs in a
         throwaway process (workers/autocomplete.py), before any instance starts.
 
+A Python-based backend (Triton's `<backend directory>/<name>/model.py`) is a `TritonPythonModel`
+run by the python module from that folder (Context.runtime_dir).
+
 and its Instance has:
 
     decoupled: bool      responses go through each request's `respond`, not execute's list
@@ -57,6 +60,8 @@ class Context:
     # (None: on the heap), and its segment's reserve (see workers/sequence.py).
     state_memory: memoryview | None = None
     state_reserve: object = None
+    # A Python-based backend's folder, whose model.py runs the model; "" for other models.
+    runtime_dir: str = ""
 
 
 @dataclass
@@ -67,9 +72,14 @@ class AutoCompleteContext:
     # --backend-config settings for this backend, the global ones included
     # (e.g. {"default-max-batch-size": "4"}).
     settings: dict = field(default_factory=dict)
+    runtime_dir: str = ""  # as Context.runtime_dir
 
 
 def backend_name(config: dict) -> str:
+    """The module that runs the model: a Python-based backend (`runtime: "model.py"`, whatever
+    its name) runs on the Python backend."""
+    if config.get("runtime") == "model.py":
+        return "python"
     return config.get("backend") or ""
 
 

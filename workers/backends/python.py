@@ -7,6 +7,7 @@ for BYTES), so `pb_utils.batched_input` can hand a model the whole batch as one 
 """
 
 import asyncio
+import functools
 import gc
 import importlib
 import importlib.machinery
@@ -137,6 +138,7 @@ class PythonModel:
         self._instance_kind = context.instance_kind
         self._device_id = context.device_id
         self._model_repository = context.model_repository
+        self._runtime_dir = context.runtime_dir
         self._model = None
         self._loop = None  # the instance's event loop (_event_loop), once a coroutine needs it
         self._loop_thread = None
@@ -155,20 +157,29 @@ class PythonModel:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def initialize(self) -> None:
-        filename = self._model_config.get("default_model_filename") or "model.py"
-        stem, extension = os.path.splitext(filename)
-        if extension != ".py":
-            raise BackendError(f"Model name must end with '.py'. Model name is \"{filename}\".")
         version = str(self._model_version)
-        version_dir = os.path.join(self._model_dir, version)
-        path = os.path.join(version_dir, filename)
-        if not os.path.isfile(path):
-            raise BackendError(f"Python model file not found in '{path}'")
+        if self._runtime_dir:
+            # A Python-based backend: its model.py runs this model, whatever the version
+            # folder holds.
+            path = os.path.join(self._runtime_dir, "model.py")
+            load = functools.partial(import_backend_model, self._runtime_dir, self._model_dir,
+                                     version, self._instance_name)
+        else:
+            filename = self._model_config.get("default_model_filename") or "model.py"
+            stem, extension = os.path.splitext(filename)
+            if extension != ".py":
+                raise BackendError(f"Model name must end with '.py'. Model name is "
+                                   f"\"{filename}\".")
+            path = os.path.join(self._model_dir, version, filename)
+            if not os.path.isfile(path):
+                raise BackendError(f"Python model file not found in '{path}'")
+            load = functools.partial(import_model, self._model_dir, version, stem,
+                                     self._instance_name)
 
         # The messages of these failures are Triton's Python backend's: the exception, then
         # the model's frames (none for an error found outside them).
         try:
-            module = import_model(self._model_dir, version, stem, self._instance_name)
+            module = load()
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
             raise BackendError(_describe(exc)) from exc
@@ -495,7 +506,13 @@ def auto_complete(context: AutoCompleteContext) -> dict:
     filename = context.config.get("default_model_filename") or "model.py"
     path = os.path.join(context.model_dir, context.version, filename)
     try:
-        module = import_model(context.model_dir, context.version, os.path.splitext(filename)[0])
+        if context.runtime_dir:
+            path = os.path.join(context.runtime_dir, "model.py")
+            module = import_backend_model(context.runtime_dir, context.model_dir,
+                                          context.version)
+        else:
+            module = import_model(context.model_dir, context.version,
+                                  os.path.splitext(filename)[0])
     except Exception as exc:
         raise BackendError(f"failed to import '{path}': {type(exc).__name__}: {exc}") from exc
     model_class = getattr(module, "TritonPythonModel", None)
@@ -526,6 +543,21 @@ def import_model(model_dir: str, version: str, stem: str, instance_name: str = "
         if entry not in sys.path:
             sys.path.append(entry)
     return _import_model_module(version_dir, version, stem)
+
+
+def import_backend_model(runtime_dir: str, model_dir: str, version: str,
+                         instance_name: str = ""):
+    """The model.py of a Python-based backend, imported as Triton's stub imports it: as module
+    `model`, its folder on sys.path; pb_utils.get_model_dir() is still the model's version
+    folder."""
+    pb_utils._set_model_context(model_dir=os.path.join(model_dir, version),
+                                instance_name=instance_name)
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    if runtime_dir not in sys.path:
+        sys.path.append(runtime_dir)
+    sys.modules.pop("model", None)
+    __import__("model")
+    return sys.modules["model"]
 
 
 def _import_model_module(version_dir: str, version: str, stem: str):
