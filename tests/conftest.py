@@ -52,6 +52,25 @@ def random_values(rng, dtype, shape):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def run_sequences(client, lib, model: str, sequences: dict, input_name: str,
+                  outputs: tuple) -> dict:
+    """Send each sequence's INT32 values ({sequence id: [values]}) one request at a time,
+    interleaving the sequences, and return {sequence id: [{output: array} per request]}."""
+    got = {sequence_id: [] for sequence_id in sequences}
+    longest = max(len(values) for values in sequences.values())
+    for step in range(longest):
+        for sequence_id, values in sequences.items():
+            if step >= len(values):
+                continue
+            tensor = lib.InferInput(input_name, [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[values[step]]], np.int32))
+            result = client.infer(model, [tensor], sequence_id=sequence_id,
+                                  sequence_start=step == 0,
+                                  sequence_end=step == len(values) - 1)
+            got[sequence_id].append({name: result.as_numpy(name) for name in outputs})
+    return got
+
+
 def shm_entries() -> set:
     try:
         return {n for n in os.listdir(SHM_DIR) if n.startswith("shmserve.")}

@@ -282,6 +282,31 @@ def _serialized_prefix(correlation_id: str, size: int) -> int:
     return int.from_bytes(element[:size].ljust(size, b"\0"), "little")
 
 
+def extra_tensors(model_config: dict) -> tuple[list, list]:
+    """The control and state inputs a sequence model takes, and the state outputs it gives, as
+    a config's tensor entries ({name, data_type, dims}, dims without the batch dimension): a
+    backend that checks its model against the config checks these too."""
+    batching = model_config.get("sequence_batching") or {}
+    inputs, outputs = [], []
+    for control_input in batching.get("control_input", ()):
+        for control in control_input.get("control", ()):
+            if control.get("kind", "CONTROL_SEQUENCE_START") == _CORRID_KIND:
+                data_type = control.get("data_type", "TYPE_UINT64")
+            else:
+                data_type = next((datatypes.wire_to_config(wire)
+                                  for field, (wire, _) in _BOOLEAN_FORMS.items()
+                                  if control.get(field)), "TYPE_INT32")
+            inputs.append({"name": control_input["name"], "data_type": data_type,
+                           "dims": [1]})
+    for state in batching.get("state", ()):
+        dims = [int(d) for d in state.get("dims", ())]
+        inputs.append({"name": state["input_name"], "data_type": state["data_type"],
+                       "dims": dims})
+        outputs.append({"name": state["output_name"], "data_type": state["data_type"],
+                        "dims": dims})
+    return inputs, outputs
+
+
 def _corrid_type(data_type) -> tuple:
     if data_type == "TYPE_STRING":
         return "BYTES", np.dtype(np.object_), None

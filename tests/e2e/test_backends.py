@@ -16,11 +16,12 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tests.conftest import random_values, start_server, stop_server, wait_for_models  # noqa: E402
+from tests.conftest import (random_values, run_sequences, start_server, stop_server,  # noqa: E402
+                            wait_for_models)
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 SERVING = ("onnx_add", "onnx_types", "onnx_strings", "onnx_batched", "py_double", "ens_mixed",
-           "onnx_folder", "onnx_neg", "onnx_bf16")
+           "onnx_folder", "onnx_neg", "onnx_bf16", "onnx_sequence")
 
 
 def onnx_model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
@@ -101,6 +102,24 @@ def bf16_model():
         [tensor("SAME", TensorProto.BFLOAT16, ["N", 4]), tensor("WIDE", TensorProto.FLOAT, ["N", 4])])
 
 
+def accumulator_model():
+    """OUTPUT = STATE_IN * (1 - START) + INPUT, kept as STATE_OUT; CORRID_OUT = CORRID: a
+    sequence model with a START control, a CORRID control and an implicit state."""
+    one = numpy_helper.from_array(np.array(1, dtype=np.int32), "ONE")
+    return onnx_model(
+        [helper.make_node("Sub", ["ONE", "START"], ["KEEP"]),
+         helper.make_node("Mul", ["STATE_IN", "KEEP"], ["KEPT"]),
+         helper.make_node("Add", ["KEPT", "INPUT"], ["OUTPUT"]),
+         helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+         helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"])],
+        [tensor("INPUT", TensorProto.INT32, ["N", 1]), tensor("START", TensorProto.INT32, ["N", 1]),
+         tensor("STATE_IN", TensorProto.INT32, ["N", 1]),
+         tensor("CORRID", TensorProto.UINT64, ["N", 1])],
+        [tensor("OUTPUT", TensorProto.INT32, ["N", 1]),
+         tensor("STATE_OUT", TensorProto.INT32, ["N", 1]),
+         tensor("CORRID_OUT", TensorProto.UINT64, ["N", 1])], [one])
+
+
 def fixed_model():
     """[2, 3] in and out: cannot batch."""
     return onnx_model([helper.make_node("Neg", ["X"], ["Y"])],
@@ -138,6 +157,19 @@ CONFIGS = {
                 { name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ]
         output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]""",
     "unknown_backend": 'backend: "nosuchbackend"',
+    "onnx_sequence": """
+        backend: "onnxruntime" max_batch_size: 4
+        sequence_batching {
+          max_sequence_idle_microseconds: 5000000
+          control_input [
+            { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+            { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] } ]
+          state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32
+                    dims: [ 1 ] } ] }
+        input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },
+                 { name: "CORRID_OUT" data_type: TYPE_UINT64 dims: [ 1 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]""",
     "py_double": """
         backend: "python" max_batch_size: 8
         input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]
@@ -179,6 +211,8 @@ def build_repository(repo: str) -> None:
     write_model(repo, "onnx_neg", {"model.onnx": neg_model()})
     write_model(repo, "onnx_bf16", {"model.onnx": bf16_model()})
     write_model(repo, "onnx_batched", {"model.onnx": add_sub_model()}, CONFIGS["onnx_batched"])
+    write_model(repo, "onnx_sequence", {"model.onnx": accumulator_model()},
+                CONFIGS["onnx_sequence"])
     # model.onnx as a folder: the graph and its external weights side by side.
     folder = os.path.join(repo, "onnx_folder", "1", "model.onnx")
     os.makedirs(folder)
@@ -376,6 +410,21 @@ def test_requests_are_batched_and_each_gets_its_rows(clients, server):
     executions = after["execution_count"] - before["execution_count"]
     assert inferred == 7  # rows
     assert executions < len(batches), (executions, inferred)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_sequence_controls_and_implicit_state(clients, protocol):
+    sequences = {101: [1, 2, 3, 4], 202: [10, 20, 30], 303: [5]}
+    got = run_sequences(clients[protocol], PROTOCOLS[protocol], "onnx_sequence", sequences,
+                        "INPUT", ("OUTPUT", "CORRID_OUT"))
+    for sequence_id, values in sequences.items():
+        assert [r["OUTPUT"].tolist() for r in got[sequence_id]] == [
+            [[int(v)]] for v in np.cumsum(values)], sequence_id
+        assert {r["CORRID_OUT"].item() for r in got[sequence_id]} == {sequence_id}
+    # A new sequence under an old id starts from the initial state again.
+    again = run_sequences(clients[protocol], PROTOCOLS[protocol], "onnx_sequence", {101: [7]},
+                          "INPUT", ("OUTPUT",))
+    assert again[101][0]["OUTPUT"].tolist() == [[7]]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -16,7 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 torch = pytest.importorskip("torch")
 
-from tests.conftest import random_values, start_server, stop_server, wait_for_models  # noqa: E402
+from tests.conftest import (random_values, run_sequences, start_server, stop_server,  # noqa: E402
+                            wait_for_models)
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
@@ -70,6 +71,14 @@ class Fails(torch.nn.Module):
 class Negate(torch.nn.Module):
     def forward(self, x: torch.Tensor):
         return -x
+
+
+class Accumulate(torch.nn.Module):
+    """A running sum: the state unless START, plus the input; the sum is kept as the state."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, state: torch.Tensor):
+        total = state * (1 - start) + x
+        return total, total
 
 
 def mlp():
@@ -143,7 +152,27 @@ MODELS = {
     "pt_fails": (Fails, f"""
         backend: "pytorch" max_batch_size: 4
         input [ {fp32("x", [2])} ] output [ {fp32("y", [2])} ]"""),
+    # Sequence controls and state bound by <name>__<index>, as Triton requires.
+    "pt_sequence": (Accumulate, """
+        backend: "pytorch" max_batch_size: 4
+        sequence_batching {
+          control_input [ { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START
+                                                         int32_false_true: [ 0, 1 ] } ] } ]
+          state [ { input_name: "STATE__2" output_name: "STATE__1" data_type: TYPE_INT32
+                    dims: [ 1 ] } ] }
+        input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]"""),
     # Models that must not load.
+    "pt_sequence_unnamed": (Accumulate, """
+        backend: "pytorch" max_batch_size: 4
+        sequence_batching {
+          control_input [ { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START
+                                                         int32_false_true: [ 0, 1 ] } ] } ]
+          state [ { input_name: "STATE" output_name: "STATE__1" data_type: TYPE_INT32
+                    dims: [ 1 ] } ] }
+        input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]"""),
     "pt_too_few": (AddSub, f"""
         backend: "pytorch" max_batch_size: 4
         input [ {fp32("a", [4])} ] output [ {fp32("o", [4])} ]"""),
@@ -168,7 +197,8 @@ MODELS = {
         input [ {fp32("a", [4])} ] output [ {fp32("o", [4])} ]"""),
 }
 SERVING = ("pt_named", "pt_indexed", "pt_ordered", "pt_dict", "pt_strings", "pt_types", "pt_mlp",
-           "pt_neg", "pt_modes", "pt_modes_off", "pt_fails", "onnx_double", "ens_three")
+           "pt_neg", "pt_modes", "pt_modes_off", "pt_fails", "onnx_double", "ens_three",
+           "pt_sequence")
 
 PY_PLUS_ONE = """
 import triton_python_backend_utils as pb_utils
@@ -385,6 +415,16 @@ def test_an_ensemble_of_onnx_python_and_torchscript_steps(clients, protocol):
     np.testing.assert_array_equal(result.as_numpy("DIFF"), diff)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_sequence_controls_and_implicit_state(clients, protocol):
+    sequences = {11: [1, 2, 3], 22: [100, -1], 33: [4]}
+    got = run_sequences(clients[protocol], PROTOCOLS[protocol], "pt_sequence", sequences,
+                        "INPUT__0", ("OUTPUT__0",))
+    for sequence_id, values in sequences.items():
+        assert [r["OUTPUT__0"].tolist() for r in got[sequence_id]] == [
+            [[int(v)]] for v in np.cumsum(values)], sequence_id
+
+
 # --- parameters ------------------------------------------------------------------------------
 
 
@@ -418,6 +458,9 @@ def reason(clients, model) -> str:
     ("pt_no_config", "unable to load model 'pt_no_config', configuration expects 0 inputs, "
                      "model provides 2"),
     ("pt_not_torchscript", "failed to load model 'pt_not_torchscript': "),
+    ("pt_sequence_unnamed", "PyTorch model 'pt_sequence_unnamed' is using sequence batching "
+                            "but input 'STATE' does not follow the <name>__<index> naming "
+                            "convention."),
 ])
 def test_models_that_do_not_fit_their_config_fail_to_load_saying_why(clients, model, message):
     assert message in reason(clients, model)

@@ -224,7 +224,9 @@ def test_requests_that_do_not_lie_back_to_back_are_concatenated(add_model):
     ({"max_batch_size": 4, "output": [{"name": "C", "data_type": "TYPE_FP16", "dims": [4]}]},
      "unable to load model 'm', configuration expects datatype TYPE_FP16 for output 'C', model "
      "provides TYPE_FP32"),
-    ({"max_batch_size": 4, "sequence_batching": {}}, "sequence batching is not supported"),
+    ({"max_batch_size": 4, "sequence_batching": {"control_input": [
+        {"name": "START", "control": [{"int32_false_true": [0, 1]}]}]}},
+     "unable to load model 'm', unexpected inference input 'START', allowed inputs are: A, B"),
 ])
 def test_a_config_that_does_not_fit_the_model_fails_the_load(add_model, config, message):
     with pytest.raises(BackendError) as err:

@@ -116,6 +116,30 @@ def test_strings_are_one_dimensional():
     assert ios[0].index == 0
 
 
+class Accumulate(torch.nn.Module):
+    def forward(self, x: torch.Tensor, start: torch.Tensor, state: torch.Tensor):
+        return x + state * (1 - start), x
+
+
+def test_sequence_controls_and_states_bind_by_name_index():
+    int32 = {"data_type": "TYPE_INT32", "dims": [1]}
+    extras = [dict(int32, name="START__2"), dict(int32, name="STATE__1")]
+    ios, _ = backend.bind_inputs("m", config([dict(int32, name="X__0")]),
+                                 arguments(Accumulate()), extras)
+    assert [(io.name, io.index) for io in ios] == [("X__0", 0), ("START__2", 2), ("STATE__1", 1)]
+    # Config inputs may follow any convention; the controls must have an index.
+    with pytest.raises(BackendError, match="input 'START' does not follow the <name>__<index>"):
+        backend.bind_inputs("m", config([dict(int32, name="x")]), arguments(Accumulate()),
+                            [dict(int32, name="START"), dict(int32, name="STATE__1")])
+    with pytest.raises(BackendError, match="configuration expects 2 inputs, model provides 3"):
+        backend.bind_inputs("m", config([dict(int32, name="x")]), arguments(Accumulate()),
+                            [dict(int32, name="START__1")])
+    outs = backend.bind_outputs("m", config([], [dict(int32, name="Y__0")]),
+                                returns(Accumulate()), [dict(int32, name="NEXT__1")])
+    assert [(io.name, io.index, io.state) for io in outs] == [("Y__0", 0, False),
+                                                              ("NEXT__1", 1, True)]
+
+
 def returns(module):
     return torch.jit.script(module)._c._get_method("forward").schema.returns[0].type
 
@@ -251,10 +275,7 @@ def test_a_missing_or_broken_model_file(tmp_path):
         backend.load(context(str(tmp_path), BATCHED))
 
 
-@pytest.mark.parametrize("extra,message", [
-    ({"sequence_batching": {}}, "sequence batching is not supported"),
-    ({"model_transaction_policy": {"decoupled": True}}, "does not support decoupled models"),
-])
-def test_what_the_backend_does_not_do_yet_fails_the_load(add_sub_dir, extra, message):
-    with pytest.raises(BackendError, match=message):
-        backend.load(context(add_sub_dir, dict(BATCHED, **extra)))
+def test_a_decoupled_model_fails_the_load(add_sub_dir):
+    decoupled = dict(BATCHED, model_transaction_policy={"decoupled": True})
+    with pytest.raises(BackendError, match="does not support decoupled models"):
+        backend.load(context(add_sub_dir, decoupled))

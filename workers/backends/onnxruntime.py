@@ -22,6 +22,7 @@ from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
                                          string_parameters)
 from workers.backends.stacked import RunError, StackedModel
+from workers.sequence import extra_tensors
 
 try:
     import onnxruntime as ort
@@ -184,10 +185,11 @@ def session_options(config: dict):
 class _Io:
     """One input or output as the config gives it, with what the model expects."""
 
-    __slots__ = ("name", "wire", "dims", "model_shape", "bf16")
+    __slots__ = ("name", "wire", "dims", "model_shape", "bf16", "state")
 
     def __init__(self, entry: dict, model: _Tensor, batching: bool):
         self.name = entry["name"]
+        self.state = False  # an implicit state output
         self.wire = datatypes.config_to_wire(entry["data_type"])
         self.dims = [int(d) for d in entry.get("dims") or []]
         reshape = entry.get("reshape")
@@ -208,9 +210,6 @@ class OnnxModel(StackedModel):
         config = context.model_config
         self._name = config.get("name") or context.model_name
         self._instance_name = context.instance_name
-        if "sequence_batching" in config:
-            raise BackendError(f"unable to load model '{self._name}': sequence batching is "
-                               "not supported by shmserve's onnxruntime backend yet")
         if (config.get("model_transaction_policy") or {}).get("decoupled"):
             raise BackendError(f"unable to load model '{self._name}': the onnxruntime backend "
                                "does not support decoupled models")
@@ -231,13 +230,21 @@ class OnnxModel(StackedModel):
         self._max_batch_size = int(config.get("max_batch_size") or 0)
         model_inputs = {arg.name: _Tensor(arg) for arg in self._session.get_inputs()}
         model_outputs = {arg.name: _Tensor(arg) for arg in self._session.get_outputs()}
-        self._inputs = self._validate("input", config.get("input") or [], model_inputs)
+        self._start_sequences(context)
+        sequence_inputs, state_outputs = extra_tensors(config)
+        self._inputs = (self._validate("input", config.get("input") or [], model_inputs)
+                        + self._validate("input", sequence_inputs, model_inputs, dims=False))
         self._outputs = self._validate("output", config.get("output") or [], model_outputs)
+        for io in self._validate("output", state_outputs, model_outputs, dims=False):
+            io.state = True
+            self._outputs.append(io)
         self._output_names = [io.name for io in self._outputs]
         self._by_value = any(io.bf16 for io in self._inputs + self._outputs)
 
-    def _validate(self, kind: str, entries: list, model: dict) -> list:
-        """Triton's checks of the config's inputs or outputs against the model's."""
+    def _validate(self, kind: str, entries: list, model: dict, dims: bool = True) -> list:
+        """Triton's checks of the config's inputs or outputs against the model's (`dims`
+        false: a sequence control or state, whose shape the model may give with or without
+        the trailing [1])."""
         name = self._name
         batching = self._max_batch_size > 0
         ios = []
@@ -253,16 +260,16 @@ class OnnxModel(StackedModel):
                                    f"datatype {entry['data_type']} for {kind} '{io_name}', "
                                    f"model provides {tensor.data_type}")
             reshape = entry.get("reshape")
-            dims = [int(d) for d in (reshape.get("shape") or [] if reshape is not None
-                                     else entry.get("dims") or [])]
-            if not tensor.dims:
-                if any(d != 1 for d in dims):
+            shape = [int(d) for d in (reshape.get("shape") or [] if reshape is not None
+                                      else entry.get("dims") or [])]
+            if dims and not tensor.dims:
+                if any(d != 1 for d in shape):
                     raise BackendError(
                         f"unable to load model '{name}', scalar tensor '{io_name}', should "
                         "only provide 1 in the model configuration when the model doesn't "
-                        f"support batching. Model configuration provided: {_shape(dims)}.")
-            else:
-                _compare_dims(name, io_name, tensor.dims, dims, batching,
+                        f"support batching. Model configuration provided: {_shape(shape)}.")
+            elif dims:
+                _compare_dims(name, io_name, tensor.dims, shape, batching,
                               exact=kind == "output")
             ios.append(_Io(entry, tensor, batching))
         return ios

@@ -29,6 +29,7 @@ from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
                                          string_parameters)
 from workers.backends.stacked import RunError, StackedModel
+from workers.sequence import extra_tensors
 
 try:
     import torch
@@ -110,10 +111,11 @@ class Options:
 class _Io:
     """A config input or output, and where it sits among forward()'s arguments or results."""
 
-    __slots__ = ("name", "config_type", "wire", "dtype", "index", "model_shape")
+    __slots__ = ("name", "config_type", "wire", "dtype", "index", "model_shape", "state")
 
-    def __init__(self, entry: dict, index: int):
+    def __init__(self, entry: dict, index: int, state: bool = False):
         self.name = entry["name"]
+        self.state = state  # an implicit state output
         self.config_type = entry["data_type"]
         self.wire = datatypes.config_to_wire(self.config_type)
         self.dtype = _TORCH_TYPES.get(self.config_type)
@@ -139,10 +141,22 @@ def _check_type(model: str, kind: str, entry: dict, batching: bool) -> None:
                                f"for '{entry['name']}' for model '{model}'")
 
 
-def bind_inputs(model: str, config: dict, arguments: list) -> tuple[list, bool]:
-    """The config's inputs bound to `forward()`'s arguments (torch.Argument, `self` left out),
+def _index_of(model: str, kind: str, name: str) -> int:
+    """The <index> of a sequence control's or state's name, which must have one."""
+    index = _named_index(name)
+    if index is None:
+        raise BackendError(f"PyTorch model '{model}' is using sequence batching but {kind} "
+                           f"'{name}' does not follow the <name>__<index> naming convention.")
+    return index
+
+
+def bind_inputs(model: str, config: dict, arguments: list,
+                sequence_inputs: list = ()) -> tuple[list, bool]:
+    """The config's inputs, and a sequence model's control and state inputs
+    (`sequence_inputs`), bound to `forward()`'s arguments (torch.Argument, `self` left out),
     and whether forward() takes them as one dict; BackendError saying why they do not fit."""
     entries = config.get("input") or []
+    expected = len(entries) + len(sequence_inputs)
     batching = int(config.get("max_batch_size") or 0) > 0
     kinds = [arg.type.kind() for arg in arguments]
     as_dict = len(arguments) == 1 and kinds[0] == "DictType"
@@ -155,22 +169,30 @@ def bind_inputs(model: str, config: dict, arguments: list) -> tuple[list, bool]:
                 raise BackendError(
                     f"An input of type '{arg.type}' was detected in the model. Only a single "
                     "input of type Dict(str, Tensor) or input(s) of type Tensor are supported.")
-        if len(arguments) != len(entries):
+        if len(arguments) != expected:
             raise BackendError(f"unable to load model '{model}', configuration expects "
-                               f"{len(entries)} inputs, model provides {len(arguments)}")
+                               f"{expected} inputs, model provides {len(arguments)}")
     if not entries:
         raise BackendError("model configuration must contain at least one input, none were "
                            "specified.")
-    for entry in entries:
+    for entry in [*entries, *sequence_inputs]:
         _check_type(model, "input", entry, batching)
     names = [entry["name"] for entry in entries]
     argument_names = [arg.name for arg in arguments]
     if as_dict:
-        indexes = list(range(len(entries)))
-    elif all(name in argument_names for name in names):
-        indexes = [argument_names.index(name) for name in names]
-    elif all(_named_index(name) is not None for name in names):
-        indexes = [_named_index(name) for name in names]
+        indexes = list(range(expected))
+    else:
+        if all(name in argument_names for name in names):
+            indexes = [argument_names.index(name) for name in names]
+        elif all(_named_index(name) is not None for name in names):
+            indexes = [_named_index(name) for name in names]
+        else:
+            log.warning("input(s) of model '%s' are neither arguments of forward() nor follow "
+                        "the <name>__<index> naming convention: they are bound in the "
+                        "configuration's order", model)
+            indexes = list(range(len(entries)))
+        indexes += [_index_of(model, "input", e["name"]) for e in sequence_inputs]
+        names += [e["name"] for e in sequence_inputs]
         for name, index in zip(names, indexes):
             if index >= len(arguments):
                 raise BackendError(
@@ -179,12 +201,7 @@ def bind_inputs(model: str, config: dict, arguments: list) -> tuple[list, bool]:
         if len(set(indexes)) != len(indexes):
             raise BackendError(f"unable to load model '{model}', inputs {', '.join(names)} "
                                "name the same forward() argument twice")
-    else:
-        log.warning("input(s) of model '%s' are neither arguments of forward() nor follow the "
-                    "<name>__<index> naming convention: they are bound in the configuration's "
-                    "order", model)
-        indexes = list(range(len(entries)))
-    ios = [_Io(entry, index) for entry, index in zip(entries, indexes)]
+    ios = [_Io(entry, index) for entry, index in zip([*entries, *sequence_inputs], indexes)]
     if not as_dict:
         for io in ios:
             arg, kind = arguments[io.index], kinds[io.index]
@@ -196,9 +213,10 @@ def bind_inputs(model: str, config: dict, arguments: list) -> tuple[list, bool]:
     return ios, as_dict
 
 
-def bind_outputs(model: str, config: dict, returns) -> list:
-    """The config's outputs bound to the results of `forward()`, whose declared return type is
-    `returns` (a fixed tuple's length is checked here, anything else at execute)."""
+def bind_outputs(model: str, config: dict, returns, state_outputs: list = ()) -> list:
+    """The config's outputs, and a sequence model's state outputs, bound to the results of
+    `forward()`, whose declared return type is `returns` (a fixed tuple's length is checked
+    here, anything else at execute)."""
     entries = config.get("output") or []
     batching = int(config.get("max_batch_size") or 0) > 0
     if not entries:
@@ -211,6 +229,10 @@ def bind_outputs(model: str, config: dict, returns) -> list:
         indexes = [_named_index(name) for name in names]
     else:
         indexes = list(range(len(entries)))
+    for entry in state_outputs:
+        _check_type(model, "output", entry, batching)
+        names.append(entry["name"])
+        indexes.append(_index_of(model, "state", entry["name"]))
     count = None
     if returns is not None:
         kind = returns.kind()
@@ -223,7 +245,8 @@ def bind_outputs(model: str, config: dict, returns) -> list:
                     f"unable to load model '{model}': the output {name} in the model "
                     "configuration refers to an output index which doesn't exist. This model "
                     f"has {count} outputs")
-    return [_Io(entry, index) for entry, index in zip(entries, indexes)]
+    return [_Io(entry, index, state=position >= len(entries))
+            for position, (entry, index) in enumerate(zip([*entries, *state_outputs], indexes))]
 
 
 # --- the instance ----------------------------------------------------------------------------
@@ -236,9 +259,6 @@ class TorchModel(StackedModel):
         config = context.model_config
         self._name = config.get("name") or context.model_name
         self._instance_name = context.instance_name
-        if "sequence_batching" in config:
-            raise BackendError(f"unable to load model '{self._name}': sequence batching is "
-                               "not supported by shmserve's pytorch backend yet")
         if (config.get("model_transaction_policy") or {}).get("decoupled"):
             raise BackendError(f"unable to load model '{self._name}': the pytorch backend "
                                "does not support decoupled models")
@@ -271,10 +291,13 @@ class TorchModel(StackedModel):
         if arguments and arguments[0].type.kind() == "ClassType":
             arguments = arguments[1:]  # self
         self._max_batch_size = int(config.get("max_batch_size") or 0)
-        self._inputs, self._as_dict = bind_inputs(self._name, config, arguments)
+        self._start_sequences(context)
+        sequence_inputs, state_outputs = extra_tensors(config)
+        self._inputs, self._as_dict = bind_inputs(self._name, config, arguments,
+                                                  sequence_inputs)
         self._argument_count = len(arguments)
         returns = schema.returns[0].type if len(schema.returns) == 1 else None
-        self._outputs = bind_outputs(self._name, config, returns)
+        self._outputs = bind_outputs(self._name, config, returns, state_outputs)
         self._cuda = self._device.type == "cuda"
 
     def finalize(self) -> None:

@@ -13,14 +13,22 @@ request's own) and says how to feed its framework, run it and read an output:
 
 Requests that do not stack (a free dimension that differs, bytes the framework refuses) run
 one at a time, so that only the one at fault fails.
+
+A sequence model (`sequence_batching` with control inputs or implicit state) gets the controls
+and each slot's state as more inputs (workers/sequence.py), and its state outputs are kept for
+the slot's next request; `_outputs` then ends with the state outputs (io.state true), which no
+client can ask for.
 """
 
 import time
 
 import numpy as np
 
+from workers import triton_python_backend_utils as pb_utils
+from workers.backends import BackendError, Context
 from workers.backends.batch import Request, Response, Timings, batch_view, error_response, \
     input_array
+from workers.sequence import SequenceConfigError, SequenceExtras
 
 
 class RunError(Exception):
@@ -44,6 +52,16 @@ class StackedModel:
     _max_batch_size: int
     _inputs: list
     _outputs: list
+    _sequence: SequenceExtras | None = None
+
+    def _start_sequences(self, context: Context) -> None:
+        """The controls and state of a sequence model's slots (none for other models)."""
+        try:
+            self._sequence = SequenceExtras.from_config(
+                context.model_config, context.model_dir, context.instance_kind,
+                context.state_memory, context.state_reserve)
+        except SequenceConfigError as exc:
+            raise BackendError(f"sequence batching of model '{self._name}': {exc}") from None
 
     def is_ready(self) -> bool:
         return True
@@ -56,6 +74,8 @@ class StackedModel:
             try:
                 arrays[index] = {t.name: input_array(t, request.request_id, self._name)
                                  for t in request.inputs}
+                if self._sequence is not None:
+                    arrays[index] = self._with_sequence_inputs(request, arrays[index])
             except ValueError as exc:
                 responses[index] = error_response("INVALID_ARG", str(exc))
         groups = [list(arrays)]
@@ -65,7 +85,17 @@ class StackedModel:
         for group in groups:
             if group:
                 self._run(group, requests, arrays, responses, timing)
+        if self._sequence is not None:
+            for request in requests:
+                self._sequence.end(request.sequence_slot, request.flags, request.ready)
         return responses, Timings(timing[0], timing[1], timing[2], start)
+
+    def _with_sequence_inputs(self, request: Request, arrays: dict) -> dict:
+        tensors = [pb_utils.Tensor._wrap(t.name, arrays[t.name], t.datatype)
+                   for t in request.inputs]
+        tensors = self._sequence.inputs(tensors, request.sequence_slot, request.flags,
+                                        request.correlation_id, request.ready)
+        return {t._name: t._array for t in tensors}
 
     def _run(self, group: list, requests: list, arrays: dict, responses: list,
              timing: list) -> None:
@@ -93,13 +123,20 @@ class StackedModel:
         ran = time.perf_counter_ns()
         row = 0
         for index, size in zip(group, sizes):
-            wanted = set(requests[index].requested_output_names)
-            outputs = []
+            request = requests[index]
+            wanted = set(request.requested_output_names)
+            outputs, states = [], []
             for io, result in zip(self._outputs, results):
-                if io.name in wanted:
+                if io.name in wanted or io.state:
                     part = result[row:row + size] if size is not None else result
-                    outputs.append(self._output(io, part, size))
+                    (states if io.state else outputs).append(self._output(io, part, size))
             responses[index] = Response(outputs, None, {})
+            if states:
+                error = self._sequence.capture(
+                    request.sequence_slot, request.ready, pb_utils.InferenceResponse(
+                        [pb_utils.Tensor._wrap(o.name, o.array, o.datatype) for o in states]))
+                if error is not None:
+                    responses[index] = error_response("INTERNAL", error)
             if size is not None:
                 row += size
         timing[0] += fed - began
