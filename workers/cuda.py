@@ -67,6 +67,13 @@ def to_numpy(array):
     return _cupy().asnumpy(array)
 
 
+def concatenate(arrays):
+    """The device arrays `arrays` joined along their first dimension, on the first one's GPU."""
+    cupy = _cupy()
+    with arrays[0].device:
+        return cupy.concatenate(arrays)
+
+
 def to_device(array, device: int):
     """A cupy copy of the host array `array` on GPU `device`."""
     cupy = _cupy()

@@ -242,10 +242,11 @@ def server(repo, tmp_path_factory):
     log = str(tmp_path_factory.mktemp("logs") / "shmserve.log")
     srv = start_server(repo, log, "--backend-config=onnxruntime,default-max-batch-size=8")
     try:
-        wait_for_models(srv, SERVING)
+        # Each instance imports its framework: on a busy 2-core machine that takes a while.
+        wait_for_models(srv, SERVING, timeout=180)
         yield srv
     finally:
-        stop_server(srv)
+        stop_server(srv, timeout=90)
 
 
 def reference(model: onnx.ModelProto, feeds: dict) -> dict:

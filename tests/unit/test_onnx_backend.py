@@ -239,3 +239,85 @@ def test_a_missing_model_file_names_the_instance(tmp_path):
     with pytest.raises(BackendError, match=r"unable to find '.*model.onnx' for model instance "
                                            r"'m_0_0'"):
         backend.load(context(str(tmp_path / "m"), BATCHED))
+
+
+# --- execution providers -----------------------------------------------------------------------
+
+
+ALL = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "OpenVINOExecutionProvider",
+       "CPUExecutionProvider"]
+
+
+def accelerated(gpu=(), cpu=(), **parameters) -> dict:
+    config = params(**parameters)
+    config["optimization"] = {"execution_accelerators": {
+        "gpu_execution_accelerator": list(gpu), "cpu_execution_accelerator": list(cpu)}}
+    return config
+
+
+def test_a_cpu_instance_runs_on_the_cpu_whatever_gpu_accelerators_say():
+    config = accelerated(gpu=[{"name": "tensorrt"}, {"name": "anything"}])
+    assert backend.execution_providers(config, "CPU", 0, ALL) == ["CPUExecutionProvider"]
+
+
+def test_a_gpu_instance_gets_tensorrt_then_cuda_on_its_device():
+    config = accelerated(gpu=[{"name": "tensorrt", "parameters": {
+        "precision_mode": "FP16", "max_workspace_size_bytes": "1073741824",
+        "trt_engine_cache_enable": "true", "trt_engine_cache_path": "/cache"}}],
+        cudnn_conv_algo_search="1", gpu_mem_limit="4096")
+    (trt, trt_options), (cuda, cuda_options), cpu = backend.execution_providers(
+        config, "GPU", 1, ALL)
+    assert (trt, cuda, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                "CPUExecutionProvider")
+    assert trt_options == {"trt_fp16_enable": "1", "trt_max_workspace_size": "1073741824",
+                           "trt_engine_cache_enable": "true", "trt_engine_cache_path": "/cache",
+                           "device_id": "1"}
+    assert cuda_options == {"cudnn_conv_algo_search": "HEURISTIC", "gpu_mem_limit": "4096",
+                            "arena_extend_strategy": "kNextPowerOfTwo",
+                            "do_copy_in_default_stream": "1", "device_id": "1"}
+
+
+def test_openvino_on_the_cpu_when_onnxruntime_has_it(caplog):
+    config = accelerated(cpu=[{"name": "openvino"}])
+    assert backend.execution_providers(config, "CPU", 0, ALL) == [
+        ("OpenVINOExecutionProvider", {"device_type": "CPU"}), "CPUExecutionProvider"]
+    # This machine's onnxruntime has only the CPU provider: the model runs, and the log says why
+    # not with OpenVINO.
+    assert backend.execution_providers(config, "CPU", 0, ["CPUExecutionProvider"]) == [
+        "CPUExecutionProvider"]
+    assert "asks for OpenVINOExecutionProvider, which this onnxruntime does not have" in \
+        caplog.text
+
+
+@pytest.mark.parametrize("config,message", [
+    (accelerated(gpu=[{"name": "tpu"}]), "unknown Execution Accelerator 'tpu' is requested"),
+    (accelerated(cpu=[{"name": "tensorrt"}]),
+     "unknown Execution Accelerator 'tensorrt' is requested"),
+    (accelerated(gpu=[{"name": "tensorrt", "parameters": {"precision_mode": "FP8"}}]),
+     "unsupported precision mode 'FP8' is requested"),
+    (accelerated(gpu=[{"name": "tensorrt", "parameters": {"trt_wings": "1"}}]),
+     "unknown parameter 'trt_wings' is provided for TensorRT Execution Accelerator"),
+    (accelerated(gpu=[{"name": "tensorrt", "parameters": {"trt_dla_enable": "maybe"}}]),
+     "parameter 'trt_dla_enable': failed to convert 'maybe' to boolean"),
+    (accelerated(cudnn_conv_algo_search="3"),
+     "unsupported cudnn_conv_algo_search value '3' is requested"),
+])
+def test_accelerators_triton_does_not_know_fail_the_load(config, message):
+    with pytest.raises(BackendError) as err:
+        backend.execution_providers(config, "GPU", 0, ALL)
+    assert message in str(err.value)
+
+
+def test_a_cpu_session_copies_device_inputs_to_the_host(add_model, monkeypatch):
+    """An input in a client's CUDA region reaching an instance that runs on the CPU."""
+
+    class Device(np.ndarray):
+        """Stands in for a cupy array (no GPU here)."""
+
+    monkeypatch.setattr(backend.cuda, "is_device_array", lambda a: isinstance(a, Device))
+    monkeypatch.setattr(backend.cuda, "to_numpy", lambda a: np.array(a.view(np.ndarray)))
+    model = backend.load(context(add_model, BATCHED))
+    assert not model._on_gpu
+    a = np.ones((1, 4), np.float32).view(Device)
+    fed = model._to_ort(model._inputs[0], a)
+    assert type(fed) is np.ndarray and fed.tolist() == [[1, 1, 1, 1]]

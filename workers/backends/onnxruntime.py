@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from shmserve.ipc import datatypes
+from workers import cuda
 from workers.backends import AutoCompleteContext, BackendError, Context
 from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
@@ -179,6 +180,118 @@ def session_options(config: dict):
     return options, run_options
 
 
+# --- execution providers ---------------------------------------------------------------------
+
+_CPU = "CPUExecutionProvider"
+_CUDA = "CUDAExecutionProvider"
+_TENSORRT = "TensorrtExecutionProvider"
+_OPENVINO = "OpenVINOExecutionProvider"
+# TensorRT accelerator parameters Triton takes under their ORT names, by the kind of value.
+_TRT_BOOLS = {"trt_dla_enable", "trt_engine_cache_enable", "trt_dump_subgraphs",
+              "trt_force_sequential_engine_build", "trt_context_memory_sharing_enable",
+              "trt_layer_norm_fp32_fallback", "trt_timing_cache_enable",
+              "trt_force_timing_cache", "trt_detailed_build_log",
+              "trt_build_heuristics_enable", "trt_sparsity_enable", "trt_cuda_graph_enable",
+              "trt_dump_ep_context_model"}
+_TRT_INTS = {"trt_max_partition_iterations", "trt_min_subgraph_size", "trt_dla_core",
+             "trt_builder_optimization_level", "trt_auxiliary_streams",
+             "trt_ep_context_embed_mode"}
+_TRT_STRINGS = {"trt_engine_cache_path", "trt_engine_cache_prefix", "trt_timing_cache_path",
+                "trt_tactic_sources", "trt_extra_plugin_lib_paths", "trt_profile_min_shapes",
+                "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_ep_context_file_path"}
+_PRECISIONS = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
+
+
+def execution_providers(config: dict, instance_kind: str, device_id: int,
+                        available: list) -> list:
+    """The providers of an instance's session, best first, as Triton's onnxruntime backend
+    chooses them: on a GPU instance, the TensorRT accelerator if the config asks for it and
+    CUDA; on any, the OpenVINO accelerator if asked; the CPU last. A provider that onnxruntime
+    here lacks is left out with a warning (the model then runs on what there is); a name or a
+    parameter Triton does not know fails the load, in Triton's words."""
+    name = config.get("name", "")
+    parameters = string_parameters(config)
+    accelerators = (config.get("optimization") or {}).get("execution_accelerators") or {}
+    providers = []
+    if instance_kind == "GPU":
+        cuda_options = _cuda_options(parameters, name)
+        cuda_options["device_id"] = str(device_id)
+        for accelerator in accelerators.get("gpu_execution_accelerator") or []:
+            kind = accelerator.get("name", "")
+            values = accelerator.get("parameters") or {}
+            if kind == "tensorrt":
+                options = _tensorrt_options(values, name)
+                options["device_id"] = str(device_id)
+                providers.append((_TENSORRT, options))
+            elif kind == "cuda":
+                for key, value in values.items():
+                    if key in ("do_copy_in_default_stream", "use_ep_level_unified_stream"):
+                        bool_parameter(values, key, name)
+                    if value:
+                        cuda_options[key] = value
+            else:
+                raise BackendError(f"unknown Execution Accelerator '{kind}' is requested")
+        providers.append((_CUDA, cuda_options))
+    for accelerator in accelerators.get("cpu_execution_accelerator") or []:
+        kind = accelerator.get("name", "")
+        if kind != "openvino":
+            raise BackendError(f"unknown Execution Accelerator '{kind}' is requested")
+        providers.append((_OPENVINO, {"device_type": "CPU"}))
+    kept = []
+    for provider in providers:
+        if provider[0] in available:
+            kept.append(provider)
+        else:
+            log.warning("model '%s' asks for %s, which this onnxruntime does not have (%s): "
+                        "it runs without it", name, provider[0], ", ".join(available))
+    return kept + [_CPU]
+
+
+def _cuda_options(parameters: dict, model: str) -> dict:
+    """The CUDA provider's options from the model's parameters, with Triton's defaults."""
+    options = {"cudnn_conv_algo_search": "EXHAUSTIVE",
+               "arena_extend_strategy": "kNextPowerOfTwo", "do_copy_in_default_stream": "1"}
+    search = int_parameter(parameters, "cudnn_conv_algo_search", model, 0)
+    if search not in (0, 1, 2):
+        raise BackendError(f"unsupported cudnn_conv_algo_search value '{search}' is requested")
+    options["cudnn_conv_algo_search"] = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")[search]
+    strategy = int_parameter(parameters, "arena_extend_strategy", model, 0)
+    if strategy not in (0, 1):
+        raise BackendError(f"unsupported arena_extend_strategy value '{strategy}' is requested")
+    options["arena_extend_strategy"] = ("kNextPowerOfTwo", "kSameAsRequested")[strategy]
+    for key in ("gpu_mem_limit", "do_copy_in_default_stream"):
+        if key in parameters:
+            options[key] = parameters[key]
+    return options
+
+
+def _tensorrt_options(values: dict, model: str) -> dict:
+    options = {}
+    for key, value in values.items():
+        if key == "precision_mode":
+            if value in _PRECISIONS:
+                options[_PRECISIONS[value]] = "1"
+            elif value != "FP32":
+                raise BackendError(f"unsupported precision mode '{value}' is requested")
+            continue
+        name = {"max_workspace_size_bytes": "trt_max_workspace_size",
+                "int8_calibration_table_name": "trt_int8_calibration_table_name",
+                "int8_use_native_calibration_table":
+                    "trt_int8_use_native_calibration_table"}.get(key, key)
+        if name in _TRT_BOOLS or name == "trt_int8_use_native_calibration_table":
+            bool_parameter(values, key, model)
+        elif name in _TRT_INTS or name == "trt_max_workspace_size":
+            if int_parameter(values, key, model, 0) < 0 and name == "trt_max_workspace_size":
+                raise BackendError(f"unable to load model '{model}': parameter '{key}': "
+                                   f"failed to convert '{value}' to unsigned long long "
+                                   "integral number")
+        elif name not in _TRT_STRINGS and name != "trt_int8_calibration_table_name":
+            raise BackendError(f"unknown parameter '{key}' is provided for TensorRT "
+                               "Execution Accelerator")
+        options[name] = value
+    return options
+
+
 # --- the instance ----------------------------------------------------------------------------
 
 
@@ -218,14 +331,11 @@ class OnnxModel(StackedModel):
             raise BackendError(f"unable to find '{path}' for model instance "
                                f"'{context.instance_name}'")
         options, self._run_options = session_options(config)
-        providers = ["CPUExecutionProvider"]
-        if (context.instance_kind == "GPU"
-                and "CUDAExecutionProvider" in ort.get_available_providers()):
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": context.device_id}))
-        elif context.instance_kind == "GPU":
-            log.warning("model instance '%s' is KIND_GPU but onnxruntime has no CUDA provider "
-                        "here (install onnxruntime-gpu): it runs on the CPU",
-                        context.instance_name)
+        providers = execution_providers(config, context.instance_kind, context.device_id,
+                                        ort.get_available_providers())
+        # Inputs in a client's CUDA region are bound where they lie on a CUDA session, and
+        # copied to the host for a session on the CPU.
+        self._on_gpu = any(p[0] in (_CUDA, _TENSORRT) for p in providers[:-1])
         self._session = _session(path, options, providers)
         self._max_batch_size = int(config.get("max_batch_size") or 0)
         model_inputs = {arg.name: _Tensor(arg) for arg in self._session.get_inputs()}
@@ -281,6 +391,10 @@ class OnnxModel(StackedModel):
         return {io.name: self._to_ort(io, array) for io, array in stacked.items()}
 
     def _to_ort(self, io: _Io, array):
+        if cuda.is_device_array(array):
+            if self._on_gpu and not io.bf16:
+                return _OnDevice(array)
+            array = cuda.to_numpy(array)
         if io.wire == "BYTES":
             # ORT's string tensors take str: each element's bytes as UTF-8.
             flat = [v.decode("utf-8") if isinstance(v, bytes) else str(v)
@@ -294,6 +408,8 @@ class OnnxModel(StackedModel):
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
 
     def _infer(self, feeds: dict) -> list:
+        if any(type(value) is _OnDevice for value in feeds.values()):
+            return self._infer_bound(feeds)
         try:
             if not self._by_value:
                 return self._session.run(self._output_names, feeds, self._run_options)
@@ -305,6 +421,29 @@ class OnnxModel(StackedModel):
         return [_bf16_array(v) if io.bf16 else v.numpy()
                 for io, v in zip(self._outputs, values)]
 
+    def _infer_bound(self, feeds: dict) -> list:
+        """A run whose inputs include device memory (a client's CUDA region), bound where it
+        lies; the outputs come back to the host."""
+        binding = self._session.io_binding()
+        for name, value in feeds.items():
+            if type(value) is _OnDevice:
+                array = value.array
+                binding.bind_input(name, "cuda", cuda.device_id(array), array.dtype.type,
+                                   list(array.shape), array.data.ptr)
+            elif isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self._output_names:
+            binding.bind_output(name, "cpu")
+        try:
+            self._session.run_with_iobinding(binding, self._run_options)
+        except Exception as exc:  # ORT's own exception types share no useful base
+            raise RunError("INTERNAL", f"Failed to process the request(s) for model instance "
+                                       f"'{self._instance_name}', message: {exc}") from None
+        return [_bf16_array(v) if io.bf16 else v.numpy()
+                for io, v in zip(self._outputs, binding.get_outputs())]
+
     def _output(self, io: _Io, array, size) -> Output:
         shape = ([size] if size is not None else []) + io.dims
         if -1 in io.dims or array.shape != tuple(shape):
@@ -312,6 +451,15 @@ class OnnxModel(StackedModel):
             array = array.reshape(shape if shape.count(-1) <= 1 else array.shape)
         array = np.ascontiguousarray(array)
         return Output(io.name, io.wire, list(array.shape), array)
+
+
+class _OnDevice:
+    """A feed that is device memory (a cupy array), to be bound rather than passed."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array if array.flags.c_contiguous else cuda.device_copy(array)
 
 
 def _bf16_array(value) -> np.ndarray:

@@ -321,6 +321,8 @@ class TorchModel(StackedModel):
             # A List[str]: each element's bytes as UTF-8 (UnicodeDecodeError is a ValueError).
             return [v.decode("utf-8") if isinstance(v, bytes) else str(v)
                     for v in array.reshape(-1)]
+        if cuda.is_device_array(array) and not self._cuda:
+            array = cuda.to_numpy(array)  # a client's CUDA region, for an instance on the CPU
         if cuda.is_device_array(array):
             tensor = torch.from_dlpack(array)  # a client's CUDA region, not copied
         else:

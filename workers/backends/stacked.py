@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from workers import cuda
 from workers import triton_python_backend_utils as pb_utils
 from workers.backends import BackendError, Context
 from workers.backends.batch import Request, Response, Timings, batch_view, error_response, \
@@ -184,5 +185,7 @@ class StackedModel:
 
 
 def _concatenate(parts: list):
+    if cuda.is_device_array(parts[0]):
+        return cuda.concatenate(parts)
     stacked = None if parts[0].dtype.hasobject else batch_view(parts)
     return stacked if stacked is not None else np.concatenate(parts)
