@@ -5,7 +5,9 @@ compared with the same module run by torch in this process, over HTTP and gRPC."
 
 import concurrent.futures
 import os
+import signal
 import textwrap
+import time
 from typing import Dict, List
 
 import numpy as np
@@ -424,6 +426,39 @@ def test_sequence_controls_and_implicit_state(clients, protocol):
     for sequence_id, values in sequences.items():
         assert [r["OUTPUT__0"].tolist() for r in got[sequence_id]] == [
             [[int(v)]] for v in np.cumsum(values)], sequence_id
+
+
+def instance_workers(server, model: str) -> list:
+    """The worker processes of `model`'s instances: those mapping its instances' segments."""
+    found = []
+    for pid in server.workers():
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if f".{model}_" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_killed_instance_restarts_and_serves_again(clients, server):
+    x = rand(2, 16, seed=13)
+    want, = reference(mlp(), x)
+    victims = instance_workers(server, "pt_mlp")
+    assert victims
+    os.kill(victims[0], signal.SIGKILL)  # a worker of the server this module started
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            result = run(clients, "grpc", "pt_mlp", {"INPUT__0": ("FP32", x)})
+            if victims[0] not in instance_workers(server, "pt_mlp"):
+                break
+        except InferenceServerException:
+            pass
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.2)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), want, rtol=1e-6, atol=1e-6)
+    assert "died; restarting" in server.log()
 
 
 # --- parameters ------------------------------------------------------------------------------
