@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-message-size", type=_message_size, default=MAX_MESSAGE_SIZE,
                    metavar="BYTES", help="largest gRPC message received or sent (default and "
                                          f"maximum {MAX_MESSAGE_SIZE}, as Triton)")
-    # shmserve's own limits (Triton has no such flags); see README "Limits".
+    # shmserve's own limits (Triton has no such flags); see docs/limits.md.
     p.add_argument("--max-tensor-byte-size", type=_positive_int,
                    default=defaults.max_tensor_byte_size, metavar="BYTES",
                    help="shmserve's own: largest input tensor of a request, from its shape and "

@@ -39,7 +39,7 @@ SEQUENCE_END = 2
 log = logging.getLogger("shmserve.dataplane")
 
 
-# Defaults of the limits (see README "Limits"): each protects a server on a network and is
+# Defaults of the limits (see docs/limits.md): each protects a server on a network and is
 # well above what normal use reaches.
 MAX_MESSAGE_SIZE = 2**31 - 1  # gRPC's ceiling (INT32_MAX), and Triton's setting
 MAX_TENSOR_BYTE_SIZE = 2**31  # as much as Triton's largest gRPC message could carry

@@ -123,7 +123,7 @@ class Options:
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
     model_instance_timeout_secs: float = 0.0
-    # Limits (README "Limits"); all but the gRPC message size are shmserve's own.
+    # Limits (docs/limits.md); all but the gRPC message size are shmserve's own.
     grpc_max_message_size: int = limits.MAX_MESSAGE_SIZE
     max_tensor_byte_size: int = limits.MAX_TENSOR_BYTE_SIZE
     max_inflight_per_connection: int = limits.MAX_INFLIGHT_PER_CONNECTION

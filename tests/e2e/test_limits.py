@@ -1,4 +1,4 @@
-"""The limits of a server on a network (README "Limits"), over HTTP and gRPC, against a
+"""The limits of a server on a network (docs/limits.md), over HTTP and gRPC, against a
 server started with small limits: each refusal is clear, and the server keeps serving.
 
 Timing is only bounded from above, generously (a loaded 2-core machine must not flake).
