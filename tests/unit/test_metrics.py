@@ -26,6 +26,7 @@ from shmserve.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from tests.conftest import metric_samples
 from workers import metrics_report
 from workers import triton_python_backend_utils as pb_utils
+from workers.model_api import metrics as metrics_module
 
 MS = 1_000_000  # ns
 
@@ -387,7 +388,7 @@ class Sent:
 
 
 def test_the_workers_metrics_thread_answers_each_ask_with_values_as_they_are(monkeypatch):
-    monkeypatch.setattr(pb_utils, "_registry", {})
+    monkeypatch.setattr(metrics_module, "_registry", {})
     family = pb_utils.MetricFamily("g", "gauge", pb_utils.MetricFamily.GAUGE)
     gauge = family.Metric(labels={"k": "v"})
     channel, fd = Sent(), os.eventfd(0)

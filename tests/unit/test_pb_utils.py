@@ -11,6 +11,8 @@ import pytest
 import workers.triton_python_backend_utils as pb_utils
 from shmserve.ipc import datatypes
 from workers import dlpack
+from workers.model_api import metrics as metrics_module
+from workers.model_api.context import CONTEXT
 
 # --- type maps --------------------------------------------------------------------------------
 
@@ -474,8 +476,8 @@ def refused(action, message):
 @pytest.fixture
 def metrics(monkeypatch):
     """A process of its own: no family declared yet, instance m_0_0."""
-    monkeypatch.setattr(pb_utils, "_registry", {})
-    monkeypatch.setattr(pb_utils, "_instance_name", "m_0_0")
+    monkeypatch.setattr(metrics_module, "_registry", {})
+    monkeypatch.setattr(CONTEXT, "instance_name", "m_0_0")
     return pb_utils
 
 
@@ -616,15 +618,15 @@ def test_a_new_family_is_declared_to_the_front(metrics, monkeypatch):
         if args["name"] == "taken":
             raise pb_utils.TritonModelException("Family name already exists with different type")
 
-    monkeypatch.setattr(pb_utils, "_server_calls", object())
-    monkeypatch.setattr(pb_utils, "_control", control)
+    monkeypatch.setattr(CONTEXT, "server_calls", object())
+    monkeypatch.setattr(metrics_module, "_control", control)
     pb_utils.MetricFamily("mine", "d", pb_utils.MetricFamily.GAUGE)
     pb_utils.MetricFamily("mine", "d", pb_utils.MetricFamily.GAUGE)  # known here: no call
     assert calls == [("metric_family", {"name": "mine", "description": "d", "kind": 1})]
     with raises_exactly(refused("Error when creating MetricFamily",
                                 "Family name already exists with different type")):
         pb_utils.MetricFamily("taken", "d", pb_utils.MetricFamily.GAUGE)
-    assert "taken" not in pb_utils._registry
+    assert "taken" not in metrics_module._registry
 
 
 def test_snapshots_resend_only_after_a_change(metrics):
