@@ -17,6 +17,11 @@ here is what the package reads; the package's other module-level state (the metr
 is not exported, and a test patches it where it lives.
 """
 
+import json
+import struct
+
+import numpy as np
+
 from workers.model_api.constants import (
     TRITONSERVER_MEMORY_CPU,
     TRITONSERVER_MEMORY_GPU,
@@ -113,6 +118,11 @@ __all__ = [
     "Metric",
     "MetricFamily",
     "MetricKind",
+    # Triton's module has no __all__, so `from triton_python_backend_utils import *` hands a
+    # model the modules it imports too; a model may lean on that.
+    "json",
+    "np",
+    "struct",
 ]
 
 # The worker side's hooks, imported above: _set_model_context (workers/backends/python.py),
