@@ -11,19 +11,21 @@ import logging
 import sys
 import time
 
-from shmserve import __version__, eager, logs
-from shmserve.classification import classify
+from shmserve import __version__, eager
+from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
+from shmserve.extensions.classification import classify
+from shmserve.extensions.client_regions import SharedMemoryManager
+from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
                                 StreamedResponse)
 from shmserve.ipc import datatypes
+from shmserve.observability import logs
+from shmserve.observability.tracing import Tracer, parse_changes
 from shmserve.registry import READY, Registry
-from shmserve.response_cache import CachedResponse, ResponseCache, request_key
 from shmserve.scheduling.queue import QueueRejection, queue_full
-from shmserve.shared_memory import RegionSlice, SharedMemoryManager
-from shmserve.tracing import Tracer, parse_changes
 
 EXTENSIONS = ["classification", "sequence", "model_repository",
               "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
@@ -248,7 +250,8 @@ class DataPlane:
         return self.tracer.settings(model)
 
     def update_trace_settings(self, model: str, changes: dict) -> dict:
-        """`changes`: {setting: list of strings, or None to clear} (see tracing.py)."""
+        """`changes`: {setting: list of strings, or None to clear} (see
+        observability/tracing.py)."""
         self._check_traced_model(model)
         return self.tracer.update(model, parse_changes(changes))
 
@@ -719,7 +722,7 @@ class CheckedTemplate:
 
 
 def _hold_regions(work: WorkRequest) -> None:
-    """The client regions a request uses are held until it ends (see shared_memory.Region)."""
+    """The client regions a request uses are held until it ends (see memory_regions.Region)."""
     for region in work.regions:
         region.users += 1
 

@@ -46,7 +46,7 @@ class InferRequest:
     # Its tracing.Trace, once the dataplane sampled it (or an ensemble's, for a step).
     trace: Any = None
     # A BLS request (a model's, not a client's): never sampled, traced only as a child of the
-    # calling request's trace (see tracing.py).
+    # calling request's trace (see observability/tracing.py).
     bls: bool = False
     # The W3C traceparent header the client sent, noted while some settings trace: in the
     # opentelemetry trace mode the request is then traced, in the client's trace.
@@ -68,7 +68,7 @@ class OutputTensor:
     shape: list[int]
     data: memoryview | bytes
     parameters: Parameters = field(default_factory=dict)
-    # Where `data` lies in a model instance's output arena (a shared_memory.RegionSlice), for
+    # Where `data` lies in a model instance's output arena (a memory_regions.RegionSlice), for
     # a reader in another process that maps it rather than have it copied (a BLS caller);
     # None when it lies elsewhere. Valid until the response is done().
     place: Any = None

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from shmserve.errors import Code, ServerError
+from shmserve.observability.stats import ModelStats
 from shmserve.signature import ModelSignature
-from shmserve.stats import ModelStats
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"

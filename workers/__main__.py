@@ -6,10 +6,10 @@ exit without a Shutdown (killed), the worker unlinks the front's shared memory a
 in the middle of the model's execute() (see front_watch.py).
 
 Logs: the front reads the worker's stdout and stderr line by line and puts every line in the
-server log, tagged with the instance (shmserve/logs.py). Log records go to stderr one a line,
-as `RECORD_MARK` + JSON `[created, levelno, filename, lineno, logger, message]`, so that they
-keep their level and source and a traceback stays one record. stdin carries the server's
-verbose level, one line per change.
+server log, tagged with the instance (shmserve/observability/logs.py). Log records go to
+stderr one a line, as `RECORD_MARK` + JSON `[created, levelno, filename, lineno, logger,
+message]`, so that they keep their level and source and a traceback stays one record. stdin
+carries the server's verbose level, one line per change.
 """
 
 import gc
@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 
-RECORD_MARK = "\x1e"  # as shmserve.logs.RECORD_MARK
+RECORD_MARK = "\x1e"  # as shmserve.observability.logs.RECORD_MARK
 # A killed front's end of the socket closes a moment before its exit can be seen: how long a
 # worker that ends without having told the front (its socket closed, say) waits to see whether
 # the front exited, and its shared memory is to be unlinked, before it just ends.
@@ -102,7 +102,7 @@ def _serve(fd: int, spin_us) -> tuple:
     from shmserve.ipc.channel import SyncChannel
     from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, STREAM_SPIN_US, IdleSpin
     from shmserve.ipc.malloc import WORKER_RETAIN, keep_large_blocks
-    from shmserve.ipc.shm import Segment
+    from shmserve.ipc.segments import Segment
     from workers import backends, cuda
 
     # BLS outputs copied out, and a model's own large arrays, reuse faulted-in memory.

@@ -1,7 +1,7 @@
 """What the processes the front started do when the front dies without stopping them.
 
 The front creates every shared-memory segment of the server (/dev/shm/shmserve.<front pid>.*,
-see shmserve/ipc/shm.py) and unlinks them as it stops. Killed (SIGKILL, the OOM killer, a
+see shmserve/ipc/segments.py) and unlinks them as it stops. Killed (SIGKILL, the OOM killer, a
 crash), it unlinks nothing, and its segments would stay until the next server start swept them.
 Triton leaves none, so its children clean up after it:
 
@@ -29,7 +29,7 @@ import threading
 import time
 
 from shmserve.ipc.priority import restore_worker_nice
-from shmserve.ipc.shm import unlink_segments_of
+from shmserve.ipc.segments import unlink_segments_of
 
 # Without a pidfd, how often the front is looked at (Triton's stub looks every 300 ms).
 POLL_S = 0.25

@@ -38,11 +38,11 @@ from shmserve.ipc import datatypes, messages
 from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
 from shmserve.ipc.request_table import RequestTable
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 from workers import cuda
 from workers.answers import ClientSockets, take_answers, write_answers
-from workers.device_tensors import DeviceInputs, KeptOutputs
 from workers.backends.batch import Input, Request, Response
+from workers.device_tensors import DeviceInputs, KeptOutputs
 
 log = logging.getLogger("shmserve.worker")
 

@@ -16,7 +16,7 @@ import numpy as np
 import posix_ipc
 
 from shmserve.ipc import messages
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 from workers import cuda
 
 

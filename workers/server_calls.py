@@ -24,7 +24,7 @@ import numpy as np
 
 from shmserve.ipc import messages
 from shmserve.ipc.allocator import ArenaAllocator
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 from workers.regions import ClientRegions
 
 _HANDED_OVER = object()

@@ -7,15 +7,15 @@ whose slots the worker allocates (it alone knows output sizes) and the front rel
 import itertools
 import os
 
-from shmserve.ipc import shm
+from shmserve.ipc import segments
 from shmserve.ipc.allocator import ArenaAllocator
 
 _serial = itertools.count()
 
 
-def new_segment(tag: str, size: int) -> shm.Segment:
-    name = shm.segment_name(os.getpid(), f"{tag}.{next(_serial)}")
-    return shm.Segment.create(name, size)
+def new_segment(tag: str, size: int) -> segments.Segment:
+    name = segments.segment_name(os.getpid(), f"{tag}.{next(_serial)}")
+    return segments.Segment.create(name, size)
 
 
 class InputArena:

@@ -29,16 +29,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from shmserve import logs
 from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.dispatch.front_spin import FrontSpin
+from shmserve.dispatch.memory_regions import CudaRegion, Region, RegionSlice, segment_region
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.ipc.request_table import SIZE as REQUEST_TABLE_BYTES
 from shmserve.ipc.request_table import RequestTable, RowAllocator
-from shmserve.shared_memory import CudaRegion, Region, RegionSlice, segment_region
+from shmserve.observability import logs
 
 log = logging.getLogger("shmserve.dispatch")
 
@@ -90,7 +90,7 @@ class WorkRequest:
     stream: object = None
     # Output name -> RegionSlice, for outputs the client wants in its own shared memory.
     output_regions: dict = field(default_factory=dict)
-    # The client regions (shared_memory.Region) its inputs and outputs are in.
+    # The client regions (memory_regions.Region) its inputs and outputs are in.
     regions: list = field(default_factory=list)
     # Set by the sequence batcher: the batch slot of the request's sequence on the instance
     # that runs it, and False for a null request (one that fills an idle slot).
@@ -207,7 +207,7 @@ class WorkerHandle:
         self._output_buf = None
         self._output_region: Optional[Region] = None
         # Where the model's large BLS inputs go, and that segment as a region the target
-        # instances map (see server_calls.py).
+        # instances map (see model_calls.py).
         self._bls_arena = None
         self._bls_region: Optional[Region] = None
         self._state_arena = None

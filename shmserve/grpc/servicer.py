@@ -13,15 +13,16 @@ import time
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from shmserve import eager, header_forwarding, proto, restricted_api
+from shmserve import eager, proto
 from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, DataPlane,
                                 DecoupledModel)
 from shmserve.errors import Code, ModelError, ServerError
+from shmserve.extensions import header_forwarding, restricted_api
 from shmserve.grpc import codec, transport
 from shmserve.grpc.prepared_answers import AnswerBook
 from shmserve.grpc.transport import GrpcServer, Method, RpcError
 from shmserve.inference import StreamedResponse
-from shmserve.stats import stats_json
+from shmserve.observability.stats import stats_json
 
 log = logging.getLogger("shmserve.grpc")
 
@@ -67,7 +68,8 @@ def _check(restriction: tuple, context) -> None:
         raise RpcError(transport.UNAVAILABLE, restricted_api.refusal(restriction[0]))
 
 
-# The API category (restricted_api.py) of each method; the health service's Check is health.
+# The API category (extensions/restricted_api.py) of each method; the health service's Check
+# is health.
 _CATEGORIES = {
     "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
     "ServerMetadata": "metadata", "ModelMetadata": "metadata",
@@ -84,8 +86,9 @@ class InferenceServicer:
                  max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
                  header_pattern=None, prepare_answers: bool = True):
         """`header_pattern`: metadata whose names it matches become request parameters
-        (--grpc-header-forward-pattern; header_forwarding.py), or None. `prepare_answers`:
-        models' workers may write infer answers (--worker-answers; prepared_answers.py)."""
+        (--grpc-header-forward-pattern; extensions/header_forwarding.py), or None.
+        `prepare_answers`: models' workers may write infer answers (--worker-answers;
+        prepared_answers.py)."""
         self.dp = dataplane
         self.max_inflight_per_stream = max_inflight_per_stream
         self.header_pattern = header_pattern

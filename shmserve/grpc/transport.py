@@ -41,7 +41,7 @@ MAX_CONCURRENT_STREAMS = 1024
 # gRPC's own hard limit on metadata (GRPC_ARG_ABSOLUTE_MAX_METADATA_SIZE); a longer header
 # block is refused before it is decoded (http2.py).
 MAX_HEADER_LIST_SIZE = 16 * 1024
-# Connection limits' defaults (ConnectionLimits, the flags in cli.py).
+# Connection limits' defaults (ConnectionLimits, the flags in host/cli.py).
 MAX_CONNECTIONS = 10000
 MAX_STREAMING_CALLS_PER_CONNECTION = 256
 MAX_CONNECTION_IDLE_S = 300.0
@@ -91,7 +91,7 @@ class Method:
 @dataclass(frozen=True)
 class ConnectionLimits:
     """What one client may hold of the server, with tritonserver's flags where it has them
-    (cli.py): connections at once (0: no limit), streaming calls per connection, how long a
+    (host/cli.py): connections at once (0: no limit), streaming calls per connection, how long a
     connection may stay without calls before GOAWAY (0: for ever), the size a compressed
     message may inflate to, and gRPC's ping policy (see http2.py)."""
 

@@ -14,15 +14,15 @@ from types import SimpleNamespace
 
 import orjson
 
-from shmserve import header_forwarding, restricted_api
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
-from shmserve.http import codec, compression, generate, shared_memory
+from shmserve.extensions import header_forwarding, restricted_api
+from shmserve.http import codec, compression, generate, region_routes
 from shmserve.http.http1 import SENT, HttpServer, Request, Response, error_response
 from shmserve.http.prepared_answers import AnswerBook
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
-from shmserve.stats import stats_json
-from shmserve.tracing import SETTING_NAMES
+from shmserve.observability.stats import stats_json
+from shmserve.observability.tracing import SETTING_NAMES
 
 log = logging.getLogger("shmserve.http")
 
@@ -66,8 +66,9 @@ class HttpRoutes:
     def __init__(self, dataplane: DataPlane, max_input_size: int, header_pattern=None,
                  prepare_answers: bool = True):
         """`header_pattern`: headers whose names it matches become request parameters
-        (--http-header-forward-pattern; header_forwarding.py), or None. `prepare_answers`:
-        models' workers may write infer answers (--worker-answers; prepared_answers.py)."""
+        (--http-header-forward-pattern; extensions/header_forwarding.py), or None.
+        `prepare_answers`: models' workers may write infer answers (--worker-answers;
+        prepared_answers.py)."""
         self.dp = dataplane
         self.max_input_size = max_input_size
         self.header_pattern = header_pattern
@@ -345,7 +346,7 @@ def _sent(trace) -> None:
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 class _Routes:
-    """The router, each route with its API category (restricted_api.py): a category that
+    """The router, each route with its API category (extensions/restricted_api.py): a category that
     --http-restricted-api restricts answers 403 to requests without its header."""
 
     def __init__(self, router: Router, restrictions: dict):
@@ -408,7 +409,7 @@ def build_server(dataplane: DataPlane, max_input_size: int,
         routes.add("GET", prefix + "/stats", r.model_stats, "statistics")
         routes.add("POST", prefix + "/generate", r.generate, "inference")
         routes.add("POST", prefix + "/generate_stream", r.generate_stream, "inference")
-    shared_memory.add_routes(routes.of("shared-memory"), dataplane.shared_memory)
+    region_routes.add_routes(routes.of("shared-memory"), dataplane.shared_memory)
 
     async def handle(request: Request) -> Response | None:
         try:

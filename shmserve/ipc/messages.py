@@ -12,8 +12,8 @@ name's run aligned), so a batched model can view one input of the whole batch as
 An output's location is inline bytes or a slot `[OUTPUT_ARENA, offset, nbytes]` of the output
 arena, which the worker allocates. The front created both arenas for the worker.
 
-Tensors in a client's shared-memory region (see shmserve/shared_memory.py) are not in the
-block: an input's location is then `[region_id, offset, nbytes]` within the region, and a
+Tensors in a client's shared-memory region (see shmserve/extensions/client_regions.py) are
+not in the block: an input's location is then `[region_id, offset, nbytes]` within the region, and a
 request's `output_regions` names the slices its outputs go to; the worker writes them there
 and answers with the location `[CLIENT_REGION, region_id, nbytes]`, metadata only. The front
 sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a region, and

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 
 ROWS = 65536
 _FIELDS = 3  # cancelled, consumed, wake_at (uint32 each)

@@ -19,7 +19,6 @@ import time
 
 from shmserve import proto
 from shmserve import registry as reg
-from shmserve.classification import read_labels
 from shmserve.config.backend import (DEFAULT_BACKEND_DIRECTORY, backend_settings,
                                      check_backend_fields, fill_backend_fields, require_backend,
                                      runtime_folder)
@@ -30,8 +29,11 @@ from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US, InstancePool
 from shmserve.dispatch.rate_limiter import needs_of
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
+from shmserve.extensions.classification import read_labels
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
-from shmserve.repository.autocomplete import complete_model_config
+from shmserve.observability.stats import ModelStats, first_response_bounds_ms
+from shmserve.observability.summaries import LatencySummaries
+from shmserve.repository.config_completion import complete_model_config
 from shmserve.repository.instances import (config_change_requires_reload, match,
                                            version_source, wanted_instances)
 from shmserve.repository.scan import select_versions
@@ -41,8 +43,6 @@ from shmserve.scheduling.ensemble import ENSEMBLE_PLATFORM, EnsemblePlan, Ensemb
 from shmserve.scheduling.sequence import SequenceBatcher
 from shmserve.scheduling.strategy import BatchStrategy
 from shmserve.signature import ModelSignature
-from shmserve.stats import ModelStats, first_response_bounds_ms
-from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve.repository")
 
@@ -126,7 +126,7 @@ class Loader:
         self.load_retries = load_retries
         # Runs an ensemble's steps (DataPlane.run_step); set by the server.
         self.step_runner = None
-        # Serves the models' calls into the server (server_calls.ServerCalls); set by the server.
+        # Serves the models' calls into the server (model_calls.ServerCalls); set by the server.
         self.server_calls = None
 
     async def load_all(self, entries: list) -> None:

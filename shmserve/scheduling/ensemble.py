@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from shmserve.config.normalize import ENSEMBLE_PLATFORM, WILDCARD_DIM
+from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.dispatch.worker import BatchTimings, WorkOutput, WorkResponse
 from shmserve.errors import Code, ModelError, ServerError, invalid_arg
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
 from shmserve.proto import DataType, ModelInstanceGroup
-from shmserve.shared_memory import RegionSlice
 
 __all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "EnsembleScheduler"]
 

@@ -28,8 +28,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shmserve.dispatch import worker as worker_module
+from shmserve.host.server import Options, Server
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
-from shmserve.server import Options, Server
 from tests.conftest import ROOT, SHM_DIR, alive, start_server, stop_server
 from tests.e2e.test_streaming import metric, read_record, wait_record
 from tests.e2e.test_worker_crash import _instance_pids

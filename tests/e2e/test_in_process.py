@@ -23,7 +23,7 @@ def test_embedded_server_infers_without_endpoints():
         await server.start()
         try:
             assert server.dataplane.server_ready()
-            assert gc.get_threshold()[0] > own_thresholds[0]  # see collector.py
+            assert gc.get_threshold()[0] > own_thresholds[0]  # see host/gc_tuning.py
             a = np.arange(4, dtype=np.float32)
             request = InferRequest("add_sub", inputs=[
                 InputTensor("INPUT0", "FP32", [4], a.tobytes()),

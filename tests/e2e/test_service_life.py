@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from httpx_sse import connect_sse
 from tritonclient.utils import InferenceServerException
 
-from shmserve.ipc import shm
+from shmserve.ipc.segments import Segment, segment_name
 from tests.conftest import (ROOT, STARTED_PIDS, alive, free_port, shm_entries, start_server,
                             stop_server)
 
@@ -278,9 +278,9 @@ def test_segments_of_dead_servers_are_removed_at_start(launch):
     dead = subprocess.Popen(["true"])
     dead.wait()
     assert not alive(dead.pid)
-    stale = shm.segment_name(dead.pid, "life.stale.0")
-    kept = shm.segment_name(os.getpid(), "life.kept.0")  # a live process's, as another server's
-    segments = [shm.Segment.create(name, 4096) for name in (stale, kept)]
+    stale = segment_name(dead.pid, "life.stale.0")
+    kept = segment_name(os.getpid(), "life.kept.0")  # a live process's, as another server's
+    segments = [Segment.create(name, 4096) for name in (stale, kept)]
     try:
         for segment in segments:
             segment.close()

@@ -24,8 +24,8 @@ from httpx_sse import connect_sse
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from shmserve.host.server import Options, Server
 from shmserve.inference import InferRequest, InputTensor
-from shmserve.server import Options, Server
 from tests.conftest import wait_for_models
 from workers.loop import FIRST_WINDOW, RESPONSE_WINDOW
 

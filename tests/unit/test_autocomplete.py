@@ -11,7 +11,7 @@ import pytest
 
 from shmserve.config.parse import parse_config_text
 from shmserve.errors import Code, ServerError
-from shmserve.repository.autocomplete import auto_complete, complete_model_config
+from shmserve.repository.config_completion import auto_complete, complete_model_config
 from shmserve.repository.scan import ModelEntry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,7 +119,7 @@ def test_script_reports_an_import_failure(tmp_path):
         "model.py': ModuleNotFoundError: No module named 'no_such_module_here'")
 
 
-# --- shmserve.repository.autocomplete ------------------------------------------------------
+# --- shmserve.repository.config_completion -------------------------------------------------
 
 
 def test_auto_complete_parses_the_completed_config(tmp_path):

@@ -1,10 +1,10 @@
-"""Top-k strings of the classification extension (shmserve/classification.py)."""
+"""Top-k strings of the classification extension (shmserve/extensions/classification.py)."""
 
 import numpy as np
 import pytest
 
-from shmserve.classification import classify, read_labels
 from shmserve.errors import ServerError
+from shmserve.extensions.classification import classify, read_labels
 from shmserve.inference import OutputTensor
 from shmserve.ipc import datatypes
 from shmserve.proto import ModelConfig

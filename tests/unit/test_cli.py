@@ -2,9 +2,9 @@
 
 import pytest
 
-from shmserve.cli import parse_options
-from shmserve.summaries import DEFAULT_QUANTILES
-from shmserve.tracing import TraceSettings
+from shmserve.host.cli import parse_options
+from shmserve.observability.summaries import DEFAULT_QUANTILES
+from shmserve.observability.tracing import TraceSettings
 
 
 def test_triton_flags_in_both_spellings():
@@ -95,7 +95,7 @@ def test_model_instance_timeout_refuses_what_is_not_seconds(value, capsys):
 
 
 def test_log_flags():
-    from shmserve.cli import log_settings
+    from shmserve.host.cli import log_settings
     settings = log_settings(parse_options(["--model-repository=/r"])[1])
     assert settings.as_dict() == {"log_file": "", "log_info": True, "log_warning": True,
                                   "log_error": True, "log_verbose_level": 0,

@@ -17,7 +17,7 @@ import pytest
 import referencing
 import yaml
 
-from shmserve.cli import parse_options
+from shmserve.host.cli import parse_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(ROOT, "deploy")

@@ -10,9 +10,9 @@ from shmserve import eager
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
+from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.dynamic import DynamicBatcher
 from shmserve.scheduling.queue import QueuePolicy, QueueRejection, RequestQueue
-from shmserve.stats import ModelStats
 
 US = 1000  # ns
 

@@ -7,14 +7,14 @@ import asyncio
 import pytest
 from google.protobuf import text_format
 
+from shmserve.dispatch.memory_regions import RegionSlice, SystemRegion
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.worker import (DeviceTensor, WorkInput, WorkOutput, WorkRequest,
                                       WorkResponse)
 from shmserve.errors import Code, ServerError
+from shmserve.observability.stats import ModelStats
 from shmserve.proto import ModelConfig
 from shmserve.scheduling.ensemble import EnsemblePlan, EnsembleScheduler
-from shmserve.shared_memory import RegionSlice, SystemRegion
-from shmserve.stats import ModelStats
 
 ADD_SUB = """name: "add_sub" max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },

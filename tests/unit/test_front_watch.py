@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from shmserve.ipc.shm import Segment, unlink_segments_of
+from shmserve.ipc.segments import Segment, unlink_segments_of
 from workers import front_watch
 from workers.front_watch import wait_for_exit
 
@@ -26,7 +26,7 @@ WAIT_S = 10.0
 # child's pid once its segments exist.
 FRONT = r"""
 import os, subprocess, sys, time
-from shmserve.ipc.shm import Segment, segment_name
+from shmserve.ipc.segments import Segment, segment_name
 token = sys.argv[1]
 made = [Segment.create(segment_name(os.getpid(), f"{token}.{tag}"), 4096)
         for tag in ("in.0", "out.1", "req.2")]

@@ -24,7 +24,9 @@ from shmserve import proto
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_json, parse_config_text
 from shmserve.dataplane import CheckedTemplate, _prepare
+from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.errors import Code, ServerError
+from shmserve.extensions.client_regions import SharedMemoryManager, decode_raw_handle
 from shmserve.grpc import codec as grpc_codec
 from shmserve.http import codec as http_codec
 from shmserve.http import generate
@@ -32,9 +34,8 @@ from shmserve.http.app import _trace_changes
 from shmserve.http.codec import OutputFormat, decode_infer_request, encode_infer_response
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import datatypes
-from shmserve.shared_memory import RegionSlice, SharedMemoryManager, decode_raw_handle
+from shmserve.observability.tracing import SETTING_NAMES, TraceSettings, Tracer, parse_changes
 from shmserve.signature import ModelSignature
-from shmserve.tracing import SETTING_NAMES, TraceSettings, Tracer, parse_changes
 from tests.unit.bounds import peak_allocation, run_bounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

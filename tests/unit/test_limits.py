@@ -10,14 +10,14 @@ from shmserve.dataplane import DataPlane, _check_byte_size
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
+from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.inference import InputTensor
+from shmserve.observability.stats import ModelStats
 from shmserve.registry import Registry
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
 from shmserve.scheduling.queue import QueuePolicy, QueueRejection, RequestQueue
 from shmserve.scheduling.sequence import SEQUENCE_START, SequenceBatcher
-from shmserve.shared_memory import SharedMemoryManager
-from shmserve.stats import ModelStats
 
 
 class HeldInstance:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from shmserve import logs
 from shmserve.errors import Code, ServerError
+from shmserve.observability import logs
 
 CREATED = 1700000000.123456  # 2023-11-14 22:13:20.123456 UTC
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest
+from shmserve.extensions.client_regions import SharedMemoryManager
+from shmserve.observability.stats import ModelStats
 from shmserve.registry import Registry
 from shmserve.scheduling.default import DefaultScheduler
-from shmserve.shared_memory import SharedMemoryManager
-from shmserve.stats import ModelStats
 
 
 class StreamingInstance:

@@ -15,14 +15,15 @@ from prometheus_client import CollectorRegistry
 from shmserve.config.parse import parse_config_text
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError
+from shmserve.http.metrics_endpoint import build_metrics_server
 from shmserve.ipc import messages
-from shmserve.metrics import (BATCH_SIZE_BOUNDS, GpuMetricsCollector, ModelMetricsCollector,
-                              CustomMetricsCollector, Throttled, build_metrics_server,
-                              exposition)
+from shmserve.observability.metrics import (BATCH_SIZE_BOUNDS, CustomMetricsCollector,
+                                            GpuMetricsCollector, ModelMetricsCollector,
+                                            Throttled, exposition)
+from shmserve.observability.stats import (REQUEST_DURATION_BOUNDS_NS, ModelStats,
+                                          first_response_bounds_ms, stats_json)
+from shmserve.observability.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from shmserve.registry import Registry
-from shmserve.stats import (REQUEST_DURATION_BOUNDS_NS, ModelStats, first_response_bounds_ms,
-                            stats_json)
-from shmserve.summaries import SAMPLES_PER_BUCKET, LatencySummaries
 from tests.conftest import metric_samples
 from workers import metrics_report
 from workers import triton_python_backend_utils as pb_utils
@@ -246,7 +247,7 @@ class Counting:
 
 def test_throttled_reads_at_most_once_per_interval(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("shmserve.metrics.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("shmserve.observability.metrics.time.monotonic", lambda: now[0])
     inner = Counting()
     throttled = Throttled(inner, 2.0)
     list(throttled.collect())

@@ -1,11 +1,12 @@
-"""Traces as OpenTelemetry spans (shmserve/otel.py): the span layout Triton 2.51 exports (probed
-with a collector), and the OTLP/HTTP JSON export."""
+"""Traces as OpenTelemetry spans (shmserve/observability/otel.py): the span layout Triton 2.51
+exports (probed with a collector), and the OTLP/HTTP JSON export."""
 
 import http.server
 import json
 import threading
 
-from shmserve.otel import OtelSettings, SpanExporter, SpanIds, parse_traceparent, spans
+from shmserve.observability.otel import (OtelSettings, SpanExporter, SpanIds, parse_traceparent,
+                                         spans)
 
 OFFSET = 1_700_000_000_000_000_000  # CLOCK_MONOTONIC -> Unix ns, for these tests
 

@@ -5,10 +5,10 @@ import asyncio
 import pytest
 
 from shmserve.dispatch.pool import InstancePool
-from shmserve.errors import Code, ServerError
 from shmserve.dispatch.worker import BatchTimings
+from shmserve.errors import Code, ServerError
+from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.default import DefaultScheduler
-from shmserve.stats import ModelStats
 
 
 class FakeInstance:

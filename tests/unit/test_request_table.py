@@ -9,7 +9,7 @@ import pytest
 
 from shmserve.ipc import request_table
 from shmserve.ipc.request_table import RequestTable
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 
 ROW = 7
 # Far longer than a wake takes: a waiter still asleep after JOIN_S was not woken.

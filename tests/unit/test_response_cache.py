@@ -3,9 +3,9 @@
 import pytest
 
 from shmserve.errors import ServerError
+from shmserve.extensions.response_cache import (CachedResponse, ResponseCache,
+                                                parse_cache_config, request_key)
 from shmserve.inference import InputTensor
-from shmserve.response_cache import (CachedResponse, ResponseCache, parse_cache_config,
-                                     request_key)
 
 
 def entry(nbytes: int) -> CachedResponse:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shmserve.restricted_api import RestrictionError, allowed, parse_restrictions
+from shmserve.extensions.restricted_api import RestrictionError, allowed, parse_restrictions
 
 
 def test_categories_share_a_condition_and_header_names_have_no_case():

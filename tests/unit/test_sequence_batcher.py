@@ -8,8 +8,8 @@ import pytest
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
+from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.sequence import SequenceBatcher
-from shmserve.stats import ModelStats
 from tests.unit.test_dynamic_batcher import FakeTimer, settle
 
 START, END = 1, 2

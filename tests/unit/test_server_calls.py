@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from shmserve.inference import InferResponse, OutputTensor
+from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.dispatch.worker import WorkerHandle
+from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import codec, messages
 from shmserve.ipc.channel import SyncChannel
-from shmserve.ipc.shm import Segment
-from shmserve.server_calls import ServerCalls, _infer_request
-from shmserve.shared_memory import Region, RegionSlice
+from shmserve.ipc.segments import Segment
+from shmserve.model_calls import ServerCalls, _infer_request
 from workers import triton_python_backend_utils as pb_utils
 from workers.server_calls import CallArena, FrameReader
 

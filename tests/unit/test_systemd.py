@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from shmserve import systemd
+from shmserve.host import systemd
 
 
 @pytest.fixture

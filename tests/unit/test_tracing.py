@@ -1,17 +1,17 @@
-"""Trace settings, sampling and trace files (shmserve/tracing.py); Triton's answers, where
-quoted, were probed on Triton 2.51."""
+"""Trace settings, sampling and trace files (shmserve/observability/tracing.py); Triton's
+answers, where quoted, were probed on Triton 2.51."""
 
 import json
 import struct
 
 import pytest
 
+from shmserve.dispatch.memory_regions import RegionSlice, SystemRegion
 from shmserve.dispatch.worker import DeviceTensor
 from shmserve.errors import Code, ServerError
-from shmserve.otel import OtelSettings
-from shmserve.shared_memory import RegionSlice, SystemRegion
-from shmserve.tracing import (TraceFile, TraceSettings, Tracer, _values, parse_changes,
-                              settings_from_flags)
+from shmserve.observability.otel import OtelSettings
+from shmserve.observability.tracing import (TraceFile, TraceSettings, Tracer, _values,
+                                            parse_changes, settings_from_flags)
 
 
 def tracer(tmp_path, **fields) -> Tracer:

@@ -14,12 +14,12 @@ import pytest
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import codec, messages, request_table
 from shmserve.ipc.request_table import RequestTable
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 from tests.unit.test_prepared_answers import _read_all as read_all
 from workers import loop
-from workers.loop import WorkerLoop
 from workers.backends import Context
 from workers.backends.python import PythonModel
+from workers.loop import WorkerLoop
 from workers.server_calls import FrameReader
 
 CONFIG = {"name": "ident", "max_batch_size": 8,

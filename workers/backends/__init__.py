@@ -57,7 +57,7 @@ class Context:
     device_id: int
     model_repository: str
     # A sequence model's implicit state: shared memory the front created for this instance
-    # (None: on the heap), and its segment's reserve (see workers/sequence.py).
+    # (None: on the heap), and its segment's reserve (see workers/sequence_extras.py).
     state_memory: memoryview | None = None
     state_reserve: object = None
     # A Python-based backend's folder, whose model.py runs the model; "" for other models.

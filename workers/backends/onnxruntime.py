@@ -23,7 +23,7 @@ from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
                                          string_parameters)
 from workers.backends.stacked import RunError, StackedModel
-from workers.sequence import extra_tensors
+from workers.sequence_extras import extra_tensors
 
 try:
     import onnxruntime as ort

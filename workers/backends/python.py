@@ -28,7 +28,7 @@ from workers import triton_python_backend_utils as pb_utils
 from workers.backends import AutoCompleteContext, BackendError, Context
 from workers.backends.batch import (Input, Output, Request, Response, Timings, error_response,
                                     input_array)
-from workers.sequence import SequenceConfigError, SequenceExtras
+from workers.sequence_extras import SequenceConfigError, SequenceExtras
 
 _log = logging.getLogger(__name__)
 

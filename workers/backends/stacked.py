@@ -15,9 +15,9 @@ Requests that do not stack (a free dimension that differs, bytes the framework r
 one at a time, so that only the one at fault fails.
 
 A sequence model (`sequence_batching` with control inputs or implicit state) gets the controls
-and each slot's state as more inputs (workers/sequence.py), and its state outputs are kept for
-the slot's next request; `_outputs` then ends with the state outputs (io.state true), which no
-client can ask for.
+and each slot's state as more inputs (workers/sequence_extras.py), and its state outputs are
+kept for the slot's next request; `_outputs` then ends with the state outputs (io.state
+true), which no client can ask for.
 """
 
 import time
@@ -29,7 +29,7 @@ from workers import triton_python_backend_utils as pb_utils
 from workers.backends import BackendError, Context
 from workers.backends.batch import Request, Response, Timings, batch_view, error_response, \
     input_array
-from workers.sequence import SequenceConfigError, SequenceExtras
+from workers.sequence_extras import SequenceConfigError, SequenceExtras
 
 
 class RunError(Exception):

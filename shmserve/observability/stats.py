@@ -9,7 +9,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Optional
 
-from shmserve.summaries import LatencySummaries
+from shmserve.observability.summaries import LatencySummaries
 
 # Triton's default nv_inference_first_response_histogram_ms buckets (ms); a config's
 # model_metrics can set others.
@@ -78,7 +78,7 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
-    # Response cache (shmserve/response_cache.py): lookups that hit (their time), and
+    # Response cache (shmserve/extensions/response_cache.py): lookups that hit (their time), and
     # lookups that missed (the lookup and the later insertion).
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)

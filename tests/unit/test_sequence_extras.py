@@ -12,13 +12,13 @@ import pytest
 
 from shmserve.ipc import codec, messages, request_table
 from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES, IdleSpin
-from shmserve.ipc.shm import Segment
+from shmserve.ipc.segments import Segment
 from workers import triton_python_backend_utils as pb_utils
-from workers.loop import WorkerLoop
 from workers.backends import BackendError, Context
 from workers.backends.batch import Input, Request
 from workers.backends.python import PythonModel
-from workers.sequence import END, START, SequenceConfigError, SequenceExtras
+from workers.loop import WorkerLoop
+from workers.sequence_extras import END, START, SequenceConfigError, SequenceExtras
 from workers.server_calls import FrameReader
 
 
@@ -253,7 +253,7 @@ def test_a_response_without_the_state_output_keeps_the_state(memory):
 def test_full_arena_keeps_state_on_the_heap(caplog):
     extras = extras_of(config_with(state=[ZERO_STATE]), memory=memoryview(bytearray(64)))
     extras.capture(0, True, state_response(np.arange(8, dtype=np.int32).reshape(1, 8)))
-    with caplog.at_level(logging.WARNING, logger="workers.sequence"):
+    with caplog.at_level(logging.WARNING, logger="workers.sequence_extras"):
         extras.capture(1, True, state_response(np.arange(32, dtype=np.int32).reshape(1, 32)))
     assert "state arena full" in caplog.text
     assert state_of(extras, 1).tolist() == [list(range(32))]
@@ -271,7 +271,7 @@ def test_no_room_in_dev_shm_keeps_state_on_the_heap(memory, caplog):
         return False
 
     extras = extras_of(config_with(state=[ZERO_STATE]), memory=memory, reserve=reserve)
-    with caplog.at_level(logging.WARNING, logger="workers.sequence"):
+    with caplog.at_level(logging.WARNING, logger="workers.sequence_extras"):
         extras.capture(0, True, state_response(np.array([[41]], np.int32)))
     assert asked and "no room in /dev/shm" in caplog.text
     state = state_of(extras, 0)

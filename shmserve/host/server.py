@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
-from shmserve import header_forwarding, systemd
 from shmserve import dataplane as limits
-from shmserve.collector import Collector
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.front_spin import FrontSpin
@@ -22,18 +20,21 @@ from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import RateLimiter
 from shmserve.dispatch.supervisor import Supervisor
 from shmserve.dispatch.watchdog import SegmentWatchdog
+from shmserve.extensions import header_forwarding
+from shmserve.extensions.client_regions import SharedMemoryManager
+from shmserve.extensions.response_cache import ResponseCache
 from shmserve.grpc import transport as grpc_transport
 from shmserve.grpc.tls import TlsSettings, server_context
+from shmserve.host import systemd
+from shmserve.host.gc_tuning import GcTuner
 from shmserve.inference import InferRequest, InferResponse
-from shmserve.ipc import shm
+from shmserve.ipc import segments
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
+from shmserve.model_calls import ServerCalls
+from shmserve.observability.tracing import TraceSettings, Tracer
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
-from shmserve.response_cache import ResponseCache
-from shmserve.server_calls import ServerCalls
-from shmserve.shared_memory import SharedMemoryManager
-from shmserve.tracing import TraceSettings, Tracer
 
 log = logging.getLogger("shmserve")
 
@@ -85,7 +86,7 @@ class Options:
     # Regular expressions of request headers forwarded to models as parameters ("": none).
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
-    # API category -> (header, value) that its requests must carry (restricted_api.py).
+    # API category -> (header, value) that its requests must carry (extensions/restricted_api.py).
     http_restrictions: dict = field(default_factory=dict)
     grpc_restrictions: dict = field(default_factory=dict)
     # gRPC keepalive PINGs (Triton's defaults; ms, as its flags).
@@ -184,12 +185,12 @@ class Server:
         self._grpc = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
-        self._collector = Collector()
+        self._gc_tuner = GcTuner()
         # Unlinks this process's shared memory if it is killed (see dispatch/watchdog.py).
         self._watchdog = SegmentWatchdog()
 
     async def start(self) -> None:
-        removed = shm.sweep_dead_segments()
+        removed = segments.sweep_dead_segments()
         if removed:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
         await self._watchdog.start()  # before any segment is made
@@ -208,7 +209,7 @@ class Server:
         except BaseException:
             await self.stop()
             raise
-        self._collector.start(asyncio.get_running_loop())
+        self._gc_tuner.start(asyncio.get_running_loop())
         log.info("shmserve ready: %s", ", ".join(self._endpoint_names()))
 
     async def _start_endpoints(self) -> None:
@@ -236,7 +237,7 @@ class Server:
             await self._grpc.start(opts.grpc_address, opts.grpc_port,
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:
-            from shmserve.metrics import build_metrics_server
+            from shmserve.http.metrics_endpoint import build_metrics_server
             server = build_metrics_server(self.registry,
                                           allow_cpu_metrics=opts.allow_cpu_metrics,
                                           allow_gpu_metrics=opts.allow_gpu_metrics,
@@ -309,7 +310,7 @@ class Server:
         await self._watchdog.stop()  # every segment is unlinked by now
         await asyncio.get_running_loop().run_in_executor(None, self.dataplane.tracer.close)
         self.dataplane.live = False
-        self._collector.stop()
+        self._gc_tuner.stop()
         log.info("shmserve stopped")
 
     def hurry(self) -> None:

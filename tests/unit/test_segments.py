@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shmserve.ipc.shm import (
+from shmserve.ipc.segments import (
     Segment,
     is_server_segment,
     segment_name,
@@ -53,7 +53,7 @@ def test_second_process_sees_and_writes_the_same_bytes(segment):
     segment.view(0, 5)[:] = b"hello"
     child = (
         "import sys\n"
-        "from shmserve.ipc.shm import Segment\n"
+        "from shmserve.ipc.segments import Segment\n"
         "seg = Segment.attach(sys.argv[1])\n"
         "data = bytes(seg.view(0, 5))\n"
         "seg.view(100, 5)[:] = data.upper()\n"

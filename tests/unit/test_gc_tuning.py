@@ -1,4 +1,4 @@
-"""Collector: requests no longer trigger young collections, a timer collects instead, and
+"""GcTuner: requests no longer trigger young collections, a timer collects instead, and
 stopping gives the process its own settings back."""
 
 import asyncio
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from shmserve.collector import Collector
+from shmserve.host.gc_tuning import GcTuner
 
 
 @pytest.fixture(autouse=True)
@@ -30,13 +30,13 @@ def garbage_cycle() -> weakref.ref:
 
 def test_start_raises_only_the_young_threshold_and_stop_restores_it():
     gc.set_threshold(700, 11, 12)
-    collector = Collector(young_threshold=12_345)
+    tuner = GcTuner(young_threshold=12_345)
 
     async def run():
-        collector.start(asyncio.get_running_loop())
+        tuner.start(asyncio.get_running_loop())
         assert gc.get_threshold() == (12_345, 11, 12)
         assert gc.get_freeze_count() > 0  # what startup built is out of the collector's sight
-        collector.stop()
+        tuner.stop()
 
     asyncio.run(run())
     assert gc.get_threshold() == (700, 11, 12)
@@ -44,24 +44,24 @@ def test_start_raises_only_the_young_threshold_and_stop_restores_it():
 
 def test_stop_without_start_leaves_the_settings():
     gc.set_threshold(700, 10, 10)
-    Collector().stop()
+    GcTuner().stop()
     assert gc.get_threshold() == (700, 10, 10)
 
 
 @pytest.mark.parametrize("sweep_s, collected", [(0.02, True), (60.0, False)])
 def test_garbage_cycles_wait_for_the_sweep_not_for_the_threshold(sweep_s, collected):
     # No request-sized burst of objects reaches this threshold: only the timer collects.
-    collector = Collector(young_threshold=10_000_000, sweep_s=sweep_s)
+    tuner = GcTuner(young_threshold=10_000_000, sweep_s=sweep_s)
 
     async def run():
-        collector.start(asyncio.get_running_loop())
+        tuner.start(asyncio.get_running_loop())
         try:
             ref = garbage_cycle()
             assert ref() is not None
             await asyncio.sleep(0.2)
             return ref() is None
         finally:
-            collector.stop()
+            tuner.stop()
 
     assert asyncio.run(run()) is collected
 
@@ -73,17 +73,17 @@ def test_every_few_sweeps_collect_everything():
         if phase == "start":
             generations.append(info["generation"])
 
-    collector = Collector(young_threshold=10_000_000, sweep_s=0.01, full_every=3)
+    tuner = GcTuner(young_threshold=10_000_000, sweep_s=0.01, full_every=3)
 
     async def run():
-        collector.start(asyncio.get_running_loop())
+        tuner.start(asyncio.get_running_loop())
         gc.callbacks.append(record)
         try:
             while len(generations) < 6:
                 await asyncio.sleep(0.01)
         finally:
             gc.callbacks.remove(record)
-            collector.stop()
+            tuner.stop()
 
     asyncio.run(run())
     assert generations[:6] == [1, 1, 2, 1, 1, 2]
@@ -106,12 +106,12 @@ async def collections_during(seconds: float) -> list:
     return collected
 
 
-def test_a_stopped_collector_sweeps_no_more():
-    collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
+def test_a_stopped_tuner_sweeps_no_more():
+    tuner = GcTuner(young_threshold=10_000_000, sweep_s=0.01)
 
     async def run():
-        collector.start(asyncio.get_running_loop())
-        collector.stop()
+        tuner.start(asyncio.get_running_loop())
+        tuner.stop()
         return await collections_during(0.1)
 
     assert asyncio.run(run()) == []
@@ -119,13 +119,13 @@ def test_a_stopped_collector_sweeps_no_more():
 
 def test_a_second_start_keeps_one_timer_and_the_thresholds_to_restore():
     gc.set_threshold(700, 10, 10)
-    collector = Collector(young_threshold=10_000_000, sweep_s=0.01)
+    tuner = GcTuner(young_threshold=10_000_000, sweep_s=0.01)
 
     async def run():
         loop = asyncio.get_running_loop()
-        collector.start(loop)
-        collector.start(loop)
-        collector.stop()
+        tuner.start(loop)
+        tuner.start(loop)
+        tuner.stop()
         assert gc.get_threshold() == (700, 10, 10)
         return await collections_during(0.1)
 

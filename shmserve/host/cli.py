@@ -10,20 +10,21 @@ import logging
 import re
 import sys
 
-from shmserve import logs, restricted_api
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY, parse_backend_config
 from shmserve.dataplane import MAX_MESSAGE_SIZE
-from shmserve.errors import ServerError
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
 from shmserve.dispatch.rate_limiter import parse_resource
+from shmserve.errors import ServerError
+from shmserve.extensions import restricted_api
+from shmserve.extensions.response_cache import parse_cache_config
 from shmserve.grpc import tls
+from shmserve.host.server import Options, Server, StartupError
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.ipc.malloc import keep_large_blocks, trim_periodically
 from shmserve.ipc.priority import set_front_nice
-from shmserve.response_cache import parse_cache_config
-from shmserve.server import Options, Server, StartupError
-from shmserve.summaries import DEFAULT_QUANTILES, parse_quantiles
-from shmserve.tracing import settings_from_flags
+from shmserve.observability import logs
+from shmserve.observability.summaries import DEFAULT_QUANTILES, parse_quantiles
+from shmserve.observability.tracing import settings_from_flags
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (

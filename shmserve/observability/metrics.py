@@ -13,10 +13,9 @@ from typing import Optional
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.observability.stats import REQUEST_DURATION_BOUNDS_NS
+from shmserve.observability.summaries import LatencySummaries
 from shmserve.registry import Registry
-from shmserve.stats import REQUEST_DURATION_BOUNDS_NS
-from shmserve.summaries import LatencySummaries
 
 log = logging.getLogger("shmserve")
 
@@ -531,10 +530,12 @@ def exposition(prom: CollectorRegistry) -> bytes:
     return "\n".join(lines).encode()
 
 
-def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
-                         allow_gpu_metrics: bool = True, interval_ms: int = 2000,
-                         counter_latencies: bool = True,
-                         histogram_latencies: bool = False) -> HttpServer:
+def build_collectors(registry: Registry, *, allow_cpu_metrics: bool = True,
+                     allow_gpu_metrics: bool = True, interval_ms: int = 2000,
+                     counter_latencies: bool = True, histogram_latencies: bool = False) -> tuple:
+    """What a scrape reads, as the --metrics-* flags set it: (the Prometheus registry of the
+    server's collectors, the GPU collector or None), the latter for whoever serves the
+    registry to close when it stops (see http/metrics_endpoint.py)."""
     interval_s = interval_ms / 1000.0
     prom = CollectorRegistry(auto_describe=False)
     prom.register(ModelMetricsCollector(registry, counter_latencies=counter_latencies,
@@ -545,14 +546,4 @@ def build_metrics_server(registry: Registry, *, allow_cpu_metrics: bool = True,
     gpu = GpuMetricsCollector.open() if allow_gpu_metrics else None
     if gpu is not None:
         prom.register(Throttled(gpu, interval_s))
-
-    async def handle(request: Request) -> Response:
-        if request.path not in ("/metrics", "/metrics/"):
-            return error_response(404, "Not Found")
-        if request.method not in ("GET", "HEAD"):
-            return error_response(405, "Method Not Allowed")
-        await refresh_custom_metrics(registry, CUSTOM_METRICS_WAIT_S)
-        return Response(200, exposition(prom), "text/plain; charset=utf-8")
-
-    return HttpServer(handle, max_input_size=64 * 1024,
-                      on_stop=gpu.close if gpu is not None else None)
+    return prom, gpu

@@ -8,8 +8,9 @@ import posix_ipc
 import pytest
 
 from shmserve.errors import Code, ServerError
-from shmserve.ipc.shm import Segment, segment_name
-from shmserve.shared_memory import CUDA_IPC_HANDLE_SIZE, SharedMemoryManager, decode_raw_handle
+from shmserve.extensions.client_regions import (CUDA_IPC_HANDLE_SIZE, SharedMemoryManager,
+                                              decode_raw_handle)
+from shmserve.ipc.segments import Segment, segment_name
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ SWEEP_S = 1.0
 FULL_EVERY = 10
 
 
-class Collector:
+class GcTuner:
     def __init__(self, young_threshold: int = YOUNG_THRESHOLD, sweep_s: float = SWEEP_S,
                  full_every: int = FULL_EVERY):
         self._young_threshold = young_threshold

@@ -6,9 +6,9 @@ Transport only: bodies are decoded here and handed to the SharedMemoryManager.
 import orjson
 
 from shmserve.errors import invalid_arg
+from shmserve.extensions.client_regions import SharedMemoryManager, decode_raw_handle
 from shmserve.http.codec import json_object
 from shmserve.http.http1 import Request, Response
-from shmserve.shared_memory import SharedMemoryManager, decode_raw_handle
 
 
 class SharedMemoryRoutes:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from shmserve import otel
 from shmserve.errors import Code, ServerError
+from shmserve.observability import otel
 
 log = logging.getLogger("shmserve.tracing")
 

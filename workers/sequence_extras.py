@@ -127,7 +127,7 @@ class SequenceExtras:
         self._lock = threading.Lock()
         self._memory = state_memory
         # reserve(end) -> bool: memory backs the arena's first `end` bytes (see
-        # shm.Segment.reserve); writing a sparse page on a full /dev/shm would be a SIGBUS.
+        # segments.Segment.reserve); writing a sparse page on a full /dev/shm would be a SIGBUS.
         self._reserve = reserve
         self._alloc = None if state_memory is None else ArenaAllocator(len(state_memory))
         if self._states and state_memory is None:

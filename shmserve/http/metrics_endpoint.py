@@ -1,0 +1,24 @@
+"""The metrics endpoint (--metrics-port): GET /metrics answers the Prometheus text of the
+collectors in observability/metrics.py, read at each scrape. The only part of the metrics that
+speaks HTTP, so that observability/ never imports a transport."""
+
+from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.observability.metrics import (CUSTOM_METRICS_WAIT_S, build_collectors, exposition,
+                                            refresh_custom_metrics)
+from shmserve.registry import Registry
+
+
+def build_metrics_server(registry: Registry, **settings) -> HttpServer:
+    """`settings`: the --metrics-* flags, as build_collectors takes them."""
+    prom, gpu = build_collectors(registry, **settings)
+
+    async def handle(request: Request) -> Response:
+        if request.path not in ("/metrics", "/metrics/"):
+            return error_response(404, "Not Found")
+        if request.method not in ("GET", "HEAD"):
+            return error_response(405, "Method Not Allowed")
+        await refresh_custom_metrics(registry, CUSTOM_METRICS_WAIT_S)
+        return Response(200, exposition(prom), "text/plain; charset=utf-8")
+
+    return HttpServer(handle, max_input_size=64 * 1024,
+                      on_stop=gpu.close if gpu is not None else None)
