@@ -6,6 +6,8 @@ above:
     host -> transports (http/, grpc/, model_calls.py) -> dataplane -> repository -> registry
          -> scheduling -> dispatch -> ipc
 
+(the dataplane layer is dataplane.py and the request's way behind it: admission.py)
+
 Beside those layers:
 - the base (errors, inference, signature, eager, request_templates, proto, config/) imports only
   itself and ipc, so any layer may use it;
@@ -30,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAYERS = (
     ("host", ("shmserve.host",)),
     ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.model_calls")),
-    ("dataplane", ("shmserve.dataplane",)),
+    ("dataplane", ("shmserve.dataplane", "shmserve.admission")),
     ("repository", ("shmserve.repository",)),
     ("registry", ("shmserve.registry",)),
     ("scheduling", ("shmserve.scheduling",)),

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from shmserve.dataplane import DataPlane, _check_byte_size
+from shmserve.admission import check_byte_size
+from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
@@ -103,15 +104,15 @@ def test_a_tensor_is_measured_by_its_shape_before_its_data():
     # The shape claims 4 TB; the data is 4 bytes: the limit speaks first.
     t = InputTensor("INPUT0", "FP32", [10**12], b"\0" * 4)
     with pytest.raises(ServerError) as e:
-        _check_byte_size(t, t.data, "m", 1024)
+        check_byte_size(t, t.data, "m", 1024)
     assert e.value.code is Code.INVALID_ARG
     assert "--max-tensor-byte-size" in e.value.message and "4000000000000 bytes" in e.value.message
     ok = InputTensor("INPUT0", "FP32", [256], b"\0" * 1024)
-    _check_byte_size(ok, ok.data, "m", 1024)  # exactly at the limit
+    check_byte_size(ok, ok.data, "m", 1024)  # exactly at the limit
     strings = InputTensor("S", "BYTES", [1], b"\x05\0\0\0hello" * 1)
     with pytest.raises(ServerError):
-        _check_byte_size(strings, strings.data, "m", 8)
-    _check_byte_size(strings, strings.data, "m", 9)
+        check_byte_size(strings, strings.data, "m", 8)
+    check_byte_size(strings, strings.data, "m", 9)
 
 
 def test_open_streams_are_counted_and_capped():
