@@ -20,8 +20,7 @@ from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerEr
 from shmserve.extensions.classification import classify
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
-from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
-                                StreamedResponse)
+from shmserve.inference import InferRequest, InferResponse, OutputTensor, StreamedResponse
 from shmserve.ipc import datatypes
 from shmserve.observability import logs
 from shmserve.observability.tracing import Tracer, parse_changes
@@ -247,42 +246,6 @@ class DataPlane:
             raise ServerError(Code.INVALID_ARG, f"Request for unknown model : {model}")
 
     # -- inference ----------------------------------------------------------------------
-
-    def raw_request(self, name: str, version: str, body) -> InferRequest:
-        """A request whose body is the raw bytes of the model's only input (the binary
-        extension with a zero-length header), as batch 1; every output is returned."""
-        mv = self.registry.get(name, version)
-        sig = mv.signature
-        if len(sig.inputs) != 1:
-            raise ServerError(Code.INVALID_ARG, f"[request id: <id_unknown>] Raw request must "
-                                                f"only have 1 input (found 1) to be deduced but "
-                                                f"got {len(sig.inputs)} inputs in '{name}' model "
-                                                f"configuration")
-        (spec,) = sig.inputs.values()
-        dims = list(spec.dims)
-        nbytes = len(body)
-        if spec.datatype == "BYTES":
-            if len(dims) > 1 or (dims and dims[0] not in (-1, 1)):
-                raise ServerError(Code.INVALID_ARG, f"Raw request for BYTES input '{spec.name}' "
-                                                    f"of model '{name}' must have shape [1]")
-            dims = [1] * len(dims)
-        elif dims.count(-1) > 1:
-            raise ServerError(Code.INVALID_ARG, f"Raw request for model '{name}' cannot deduce "
-                                                f"the shape of input '{spec.name}' with more "
-                                                f"than one variable-size dimension")
-        elif -1 in dims:
-            known = datatypes.element_count(d for d in dims if d != -1) * datatypes.element_size(spec.datatype)
-            dims[dims.index(-1)] = nbytes // known if known else 0
-        shape = ([1] if sig.max_batch_size > 0 else []) + dims
-        try:
-            # Triton names the body's tensor 'raw_input' in what it finds wrong with its size.
-            admission.check_byte_size(InputTensor("raw_input", spec.datatype, shape, body),
-                                      body, name, self.max_tensor_byte_size)
-        except ReadError:
-            raise
-        except ServerError as exc:
-            raise ServerError(exc.code, f"[request id: <id_unknown>] {exc.message}") from None
-        return InferRequest(name, version, inputs=[InputTensor(spec.name, spec.datatype, shape, body)])
 
     def signature(self, name: str, version: str = ""):
         return self.registry.get(name, version).signature
