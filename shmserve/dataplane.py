@@ -11,18 +11,18 @@ import logging
 import sys
 import time
 
-from shmserve import __version__, admission, eager
+from shmserve import __version__, admission, eager, responses
 from shmserve.admission import MAX_TENSOR_BYTE_SIZE
-from shmserve.dispatch.memory_regions import RegionSlice
+from shmserve.checked_templates import CheckedTemplate
 from shmserve.dispatch.stream import ResponseStream
-from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.dispatch.worker import WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
-from shmserve.extensions.classification import classify
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
-from shmserve.inference import InferRequest, InferResponse, OutputTensor, StreamedResponse
-from shmserve.ipc import datatypes
+from shmserve.inference import InferRequest, InferResponse
 from shmserve.observability import logs
+from shmserve.observability.request_trace import (trace_execution, trace_request,
+                                                  trace_response)
 from shmserve.observability.tracing import Tracer, parse_changes
 from shmserve.registry import READY, Registry
 from shmserve.scheduling.queue import QueueRejection, queue_full
@@ -290,7 +290,7 @@ class DataPlane:
             if work.trace is not None:
                 # Written after the caller's turn, which may add when it sent the response.
                 asyncio.get_running_loop().call_soon(work.trace.finish)
-        response = _response(request, mv, response)
+        response = responses.infer_response(request, mv, response)
         response.trace = work.trace
         if key is not None:
             self._cache_insert(key, mv, response)
@@ -299,7 +299,7 @@ class DataPlane:
     def _cache_lookup(self, request: InferRequest, mv, work, started: int) -> tuple:
         """(the request's cache key, the cached response or None)."""
         looked = time.perf_counter_ns()
-        classes = _classifications(request) if request.outputs else None
+        classes = responses.classifications(request) if request.outputs else None
         asked = work.requested_outputs if not classes else [
             f"{name}:{classes.get(name, 0)}" for name in work.requested_outputs]
         key = request_key(mv.name, mv.version, work.inputs, asked)
@@ -309,7 +309,7 @@ class DataPlane:
             mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
             return key, None
         mv.stats.record_cache_hit(now - started, now - looked)
-        return key, _cached_response(request, mv, hit)
+        return key, responses.cached_response(request, mv, hit)
 
     def _cache_insert(self, key: bytes, mv, response: InferResponse) -> None:
         inserting = time.perf_counter_ns()
@@ -331,7 +331,7 @@ class DataPlane:
         admitted = self._admit(request, mv)
         async with contextlib.aclosing(self._responses(mv, request, *admitted)) as items:
             async for response, final in items:
-                yield _streamed(request, mv, response, final)
+                yield responses.streamed(request, mv, response, final)
 
     async def run_step(self, request: InferRequest, output_regions: dict, timings,
                        device_outputs: tuple = ()):
@@ -407,7 +407,7 @@ class DataPlane:
                     first = False
                     stats.record_first_response(time.perf_counter_ns() - started)
                 if work.trace is not None:
-                    _trace_response(work.trace, response)
+                    trace_response(work.trace, response)
                     if final:
                         work.trace.stamp("REQUEST_END", time.perf_counter_ns())
                 if response is not None and response.error is not None:
@@ -451,7 +451,7 @@ class DataPlane:
         if sample and not request.bls and self.tracer.on:
             request.trace = self.tracer.start(mv.name, request.traceparent)
         if request.trace is not None:
-            _trace_request(request.trace, request, mv, started)
+            trace_request(request.trace, request, mv, started)
         template = request.template
         checked = template.checked if template is not None else None
         if checked is not None:
@@ -505,7 +505,7 @@ class DataPlane:
                     trace.stamp("REQUEST_END", time.perf_counter_ns())
                 raise
             if trace is not None:
-                _trace_execution(trace, timings, None if work.stream else response)
+                trace_execution(trace, timings, None if work.stream else response)
         except Refused:
             raise
         except QueueRejection as exc:
@@ -543,40 +543,6 @@ class DataPlane:
         return response, queue_ns, timings
 
 
-def _trace_request(trace, request: InferRequest, mv, started: int) -> None:
-    trace.model(mv.name, mv.version, request.id)
-    for name, ns in request.received:
-        trace.stamp(name, ns)
-    trace.stamp("REQUEST_START", started)
-    if trace.tensors:
-        for t in request.inputs:
-            trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
-
-
-def _trace_execution(trace, timings, response) -> None:
-    """The compute times of the batch the request ran in; a response that is not streamed,
-    and with it the end of the request."""
-    start = timings.start_ns
-    if start:
-        end_input = start + timings.compute_input_ns
-        start_output = end_input + timings.compute_infer_ns
-        trace.stamp("COMPUTE_START", start)
-        trace.stamp("COMPUTE_INPUT_END", end_input)
-        trace.stamp("COMPUTE_OUTPUT_START", start_output)
-        trace.stamp("COMPUTE_END", start_output + timings.compute_output_ns)
-    if response is not None:
-        _trace_response(trace, response)
-        trace.stamp("REQUEST_END", time.perf_counter_ns())
-
-
-def _trace_response(trace, response) -> None:
-    """A response of the request (a WorkResponse, or None for the final flag alone)."""
-    trace.stamp("INFER_RESPONSE_COMPLETE", time.perf_counter_ns())
-    if trace.tensors and response is not None and response.error is None:
-        for o in response.outputs:
-            trace.tensor("TENSOR_BACKEND_OUTPUT", o.name, o.datatype, o.shape, o.data)
-
-
 def _log_failure(level: int, mv, request_id: str, error: ServerError) -> None:
     """Failed requests are logged (rejected ones only at the verbose level: a client that
     sends bad requests or overruns a queue must not flood the log)."""
@@ -587,14 +553,6 @@ def _log_failure(level: int, mv, request_id: str, error: ServerError) -> None:
 def _check_repository(repository: str) -> None:
     if repository:
         raise ServerError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
-
-
-def _streamed(request: InferRequest, mv, response, final: bool) -> StreamedResponse:
-    if response is None:
-        return StreamedResponse(None, None, final)
-    if response.error is not None:
-        return StreamedResponse(None, response.error, final)
-    return StreamedResponse(_response(request, mv, response), None, final)
 
 
 class DecoupledModel(ServerError):
@@ -625,52 +583,6 @@ def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
         stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
 
 
-class CheckedTemplate:
-    """What `admission.prepare` made of a request filled from a request template, for the next
-    requests of that template to a model of the same signature: they differ only in their
-    tensor bytes, so they pass the same checks and make the same work request, once their
-    bytes are as long."""
-
-    __slots__ = ("signature", "parameters", "inputs", "batch_size", "priority",
-                 "timeout_us", "correlation_id", "flags", "model_parameters", "requested")
-
-    @classmethod
-    def of(cls, request: InferRequest, mv, work: WorkRequest, batch_size: int, priority: int,
-           timeout_us: int):
-        """None for a request that uses shared memory or BYTES: those are checked each
-        time (a region's contents and a BYTES tensor's elements can change)."""
-        if work.regions or work.output_regions \
-                or any(t.datatype == "BYTES" for t in request.inputs):
-            return None
-        checked = cls()
-        checked.signature = mv.signature
-        checked.parameters = dict(request.parameters)
-        checked.inputs = [(w.name, w.datatype, list(w.shape), datatypes.byte_length(w.data))
-                          for w in work.inputs]
-        checked.batch_size = batch_size
-        checked.priority = priority
-        checked.timeout_us = timeout_us
-        checked.correlation_id = work.correlation_id
-        checked.flags = work.flags
-        checked.model_parameters = dict(work.parameters)
-        checked.requested = list(work.requested_outputs)
-        return checked
-
-    def work(self, request: InferRequest, mv) -> WorkRequest | None:
-        """The work request for `request`, or None when it must be checked in full (another
-        signature or parameters, a tensor of another length)."""
-        if self.signature is not mv.signature or request.parameters != self.parameters:
-            return None
-        inputs = []
-        for (name, datatype, shape, nbytes), t in zip(self.inputs, request.inputs):
-            data = t.data
-            if data is None or type(data) is RegionSlice or datatypes.byte_length(data) != nbytes:
-                return None
-            inputs.append(WorkInput(name, datatype, shape.copy(), data))
-        return WorkRequest(request.id, self.correlation_id, self.flags,
-                           self.model_parameters.copy(), inputs, self.requested.copy())
-
-
 def _hold_regions(work: WorkRequest) -> None:
     """The client regions a request uses are held until it ends (see memory_regions.Region)."""
     for region in work.regions:
@@ -680,41 +592,3 @@ def _hold_regions(work: WorkRequest) -> None:
 def _release_regions(work: WorkRequest) -> None:
     for region in work.regions:
         region.release()
-
-
-def _classifications(request: InferRequest) -> dict | None:
-    """{output name: k} of the outputs asked as classifications, or None."""
-    found = None
-    for o in request.outputs:
-        k = o.parameters.get("classification") if o.parameters else None
-        if k:
-            found = found or {}
-            found[o.name] = k
-    return found
-
-
-def _response(request: InferRequest, mv, work) -> InferResponse:
-    sig = mv.signature
-    outputs = []
-    arena = work.arena
-    for o in work.outputs:
-        shape = o.shape
-        spec = sig.outputs.get(o.name)
-        if spec is not None and spec.reshape is not None and -1 not in spec.dims:
-            shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
-        place = None
-        if o.offset >= 0 and arena is not None:
-            place = RegionSlice(arena, o.offset, len(o.data))
-        outputs.append(OutputTensor(o.name, o.datatype, shape, o.data, place=place))
-    classes = _classifications(request) if request.outputs else None
-    if classes:
-        outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
-                   if o.name in classes else o for o in outputs]
-    return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
-                         release=work.release, sent=work.sent)
-
-
-def _cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:
-    return InferResponse(mv.name, str(mv.version), request.id, dict(hit.parameters),
-                         [OutputTensor(name, datatype, list(shape), data)
-                          for name, datatype, shape, data in hit.outputs])
