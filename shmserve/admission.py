@@ -1,11 +1,16 @@
-"""Admission: whether a request may run on a model.
+"""Admission: whether a request may run on a model, and the record of one that may.
 
 `prepare` checks a decoded request against the model's signature (its inputs' names,
 datatypes, shapes and bytes, the outputs it asks for, the parameters the server consumes)
 and makes the WorkRequest the scheduler runs. The checks are pure functions of the request,
 the model and the limits they are given, so each can be tested alone. Their messages are
 Triton's, byte for byte, since clients and tests compare them with what Triton answers.
+
+`Admitted` is what a request that passed carries on its way (lifecycle.py): its work
+request, its batch size, its priority and timeout, and when it came.
 """
+
+from dataclasses import dataclass
 
 from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.dispatch.worker import WorkInput, WorkRequest
@@ -30,6 +35,19 @@ _BATCH_DIM_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config 
                    "full shape including the batch dim in your input dims config, try setting "
                    "max_batch_size to zero. See the model configuration docs for more info on "
                    "max_batch_size.")
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request that passed admission, as it travels to its scheduler and back. Read-only
+    by use, though not frozen: a frozen dataclass's __init__ costs several times a plain
+    one's, and one is made for every request."""
+
+    work: WorkRequest
+    batch_size: int
+    priority: int
+    timeout_us: int
+    started: int  # time.perf_counter_ns() as the request reached the dataplane
 
 
 def prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,

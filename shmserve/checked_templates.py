@@ -6,13 +6,36 @@ the next ones to a model of the same signature pass the same checks and make the
 request, provided their tensors are as long: they are admitted by checking just that.
 
 The normal path does not need this module: a request without a template, or whose template
-has no check on record, is admitted in full (DataPlane._admit).
+has no check on record, is admitted in full (lifecycle.Lifecycle.admit).
 """
 
+from shmserve.admission import Admitted
 from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.dispatch.worker import WorkInput, WorkRequest
 from shmserve.inference import InferRequest
 from shmserve.ipc import datatypes
+
+
+def admitted(request: InferRequest, mv, started: int) -> Admitted | None:
+    """The admission of a request whose template has a check on record, or None when it
+    must be checked in full."""
+    checked = request.template.checked
+    if checked is None:
+        return None
+    work = checked.work(request, mv)
+    if work is None:
+        return None
+    work.trace = request.trace
+    work.timeout_us = checked.timeout_us
+    return Admitted(work, checked.batch_size, checked.priority, checked.timeout_us, started)
+
+
+def remember(request: InferRequest, mv, work: WorkRequest, batch_size: int, priority: int,
+             timeout_us: int) -> None:
+    """Record on the request's template what its full check made, for its next requests
+    (none, for a request that must be checked each time)."""
+    request.template.checked = CheckedTemplate.of(request, mv, work, batch_size, priority,
+                                                  timeout_us)
 
 
 class CheckedTemplate:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from shmserve.admission import check_byte_size
+from shmserve.admission import Admitted, check_byte_size
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
@@ -62,7 +62,7 @@ def test_a_model_without_queue_policy_sheds_past_the_default_bound(bound, expect
         stats = ModelStats()
         mv = model(DefaultScheduler(InstancePool([inst], depth=1), stats), stats)
         dp = dataplane(max_queue_size_default=bound)
-        calls = [asyncio.ensure_future(dp._run(mv, work(f"r{i}"), 1, 0, 0, 0))
+        calls = [asyncio.ensure_future(dp.lifecycle.run(mv, Admitted(work(f"r{i}"), 1, 0, 0, 0)))
                  for i in range(1 + 10)]
         await asyncio.sleep(0.01)
         rejected = [c for c in calls if c.done()]
@@ -78,7 +78,7 @@ def test_a_model_without_queue_policy_sheds_past_the_default_bound(bound, expect
         assert len(rejected) == 11 - expected_accepted
         assert stats.pending == 0
         # Once the queue drained, requests are accepted again.
-        again = asyncio.ensure_future(dp._run(mv, work("again"), 1, 0, 0, 0))
+        again = asyncio.ensure_future(dp.lifecycle.run(mv, Admitted(work("again"), 1, 0, 0, 0)))
         await asyncio.sleep(0.01)
         inst.finish_all()
         await again
