@@ -150,7 +150,7 @@ def atheris_target(target: str, libfuzzer_args: list[str]) -> None:
         request = props.outcome("generate", props.generate.decode_generate_request, data, "m",
                                 "", model.signature)
         if request is not None:
-            props.outcome(None, props._prepare, request, model, regions)
+            props.outcome(None, props.prepare, request, model, regions)
 
     fuzz = {"http": http_target, "grpc": grpc_target, "config": config_target,
             "config_json": config_json_target, "generate": generate_target}[target]

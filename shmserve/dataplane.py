@@ -1,50 +1,38 @@
-"""The one API both transports call: health, metadata, config, statistics and inference.
+"""The one API both transports call: health, metadata, config, statistics, repository,
+logging and trace settings, and inference.
 
-Requests are validated here against the model's signature, with Triton's messages, before
-anything reaches a worker.
+An inference request's way is read in order: the transport decodes it (http/, grpc/), the
+dataplane finds its model (`infer`, `stream`, `run_step` here), and the lifecycle
+(lifecycle.py) admits it (admission.py), schedules and runs it, and answers it
+(responses.py).
 """
 
 import asyncio
 import contextlib
-import functools
 import logging
-import sys
-import time
 
-from shmserve import __version__, eager
-from shmserve.dispatch.memory_regions import RegionSlice
-from shmserve.dispatch.stream import ResponseStream
-from shmserve.dispatch.worker import WorkInput, WorkRequest
-from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
-from shmserve.extensions.classification import classify
+from shmserve import __version__, responses
+from shmserve.admission import MAX_TENSOR_BYTE_SIZE
+from shmserve.errors import Code, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
-from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
-from shmserve.inference import (InferRequest, InferResponse, InputTensor, OutputTensor,
-                                StreamedResponse)
-from shmserve.ipc import datatypes
+from shmserve.extensions.response_cache import ResponseCache
+from shmserve.inference import InferRequest, InferResponse
+from shmserve.lifecycle import Lifecycle
 from shmserve.observability import logs
 from shmserve.observability.tracing import Tracer, parse_changes
 from shmserve.registry import READY, Registry
-from shmserve.scheduling.queue import QueueRejection, queue_full
 
 EXTENSIONS = ["classification", "sequence", "model_repository",
               "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
               "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
               "statistics", "trace", "logging"]
 
-# Request parameters the server consumes; the model sees the others through parameters().
-RESERVED_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
-                                 "timeout", "binary_data_output", "headers"))
-SEQUENCE_START = 1
-SEQUENCE_END = 2
-
 log = logging.getLogger("shmserve.dataplane")
 
 
 # Defaults of the limits (see docs/limits.md): each protects a server on a network and is
-# well above what normal use reaches.
+# well above what normal use reaches. MAX_TENSOR_BYTE_SIZE (admission.py) is one of them.
 MAX_MESSAGE_SIZE = 2**31 - 1  # gRPC's ceiling (INT32_MAX), and Triton's setting
-MAX_TENSOR_BYTE_SIZE = 2**31  # as much as Triton's largest gRPC message could carry
 # Requests one HTTP connection or one gRPC stream has in flight; as many as the stream flow
 # control allowed before it was a flag.
 MAX_INFLIGHT_PER_CONNECTION = 64
@@ -52,12 +40,6 @@ MAX_INFLIGHT_PER_CONNECTION = 64
 # concurrency, yet it keeps an open-loop flood from queueing without bound.
 MAX_QUEUE_SIZE_DEFAULT = 1024
 MAX_OPEN_STREAMS = 16384
-# Triton's words after a shape mismatch on a model with a batch dimension.
-_BATCH_DIM_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
-                   "dimension to be prepended to each input shape. If you want to specify the "
-                   "full shape including the batch dim in your input dims config, try setting "
-                   "max_batch_size to zero. See the model configuration docs for more info on "
-                   "max_batch_size.")
 
 
 class DataPlane:
@@ -74,8 +56,6 @@ class DataPlane:
         (--trace-config)."""
         self.registry = registry
         self.tracer = tracer or Tracer()
-        self.response_cache = response_cache
-        self.first_response_histogram = first_response_histogram
         self.models = models  # a repository.manager.ModelManager: the repository API
         self.shared_memory = shared_memory
         self.server_id = server_id
@@ -84,13 +64,13 @@ class DataPlane:
         self.accepting = False  # false before load and while draining
         self.stopping = False  # a stop began: not ready, though open connections are served
         self.max_tensor_byte_size = max_tensor_byte_size
-        # 0 means unbounded (as Triton): stored as a number no queue reaches, so that the
-        # hot path pays one integer compare either way.
-        self._queue_limit = max_queue_size_default or sys.maxsize
         self.max_open_streams = max_open_streams
         self.open_streams = 0  # gRPC streams and HTTP event streams open now
-        # Requests admitted and not yet answered, of every model: what a drain waits for.
-        self.in_flight = 0
+        self.lifecycle = Lifecycle(shared_memory, self.tracer,
+                                   max_tensor_byte_size=max_tensor_byte_size,
+                                   max_queue_size_default=max_queue_size_default,
+                                   response_cache=response_cache,
+                                   first_response_histogram=first_response_histogram)
 
     # -- limits -------------------------------------------------------------------------
 
@@ -260,42 +240,13 @@ class DataPlane:
             raise ServerError(Code.INVALID_ARG, f"Request for unknown model : {model}")
 
     # -- inference ----------------------------------------------------------------------
+    # The transports' entry points: each finds the model and hands the request to the
+    # lifecycle (lifecycle.py), which admits, schedules, runs and answers it.
 
-    def raw_request(self, name: str, version: str, body) -> InferRequest:
-        """A request whose body is the raw bytes of the model's only input (the binary
-        extension with a zero-length header), as batch 1; every output is returned."""
-        mv = self.registry.get(name, version)
-        sig = mv.signature
-        if len(sig.inputs) != 1:
-            raise ServerError(Code.INVALID_ARG, f"[request id: <id_unknown>] Raw request must "
-                                                f"only have 1 input (found 1) to be deduced but "
-                                                f"got {len(sig.inputs)} inputs in '{name}' model "
-                                                f"configuration")
-        (spec,) = sig.inputs.values()
-        dims = list(spec.dims)
-        nbytes = len(body)
-        if spec.datatype == "BYTES":
-            if len(dims) > 1 or (dims and dims[0] not in (-1, 1)):
-                raise ServerError(Code.INVALID_ARG, f"Raw request for BYTES input '{spec.name}' "
-                                                    f"of model '{name}' must have shape [1]")
-            dims = [1] * len(dims)
-        elif dims.count(-1) > 1:
-            raise ServerError(Code.INVALID_ARG, f"Raw request for model '{name}' cannot deduce "
-                                                f"the shape of input '{spec.name}' with more "
-                                                f"than one variable-size dimension")
-        elif -1 in dims:
-            known = datatypes.element_count(d for d in dims if d != -1) * datatypes.element_size(spec.datatype)
-            dims[dims.index(-1)] = nbytes // known if known else 0
-        shape = ([1] if sig.max_batch_size > 0 else []) + dims
-        try:
-            # Triton names the body's tensor 'raw_input' in what it finds wrong with its size.
-            _check_byte_size(InputTensor("raw_input", spec.datatype, shape, body), body, name,
-                             self.max_tensor_byte_size)
-        except ReadError:
-            raise
-        except ServerError as exc:
-            raise ServerError(exc.code, f"[request id: <id_unknown>] {exc.message}") from None
-        return InferRequest(name, version, inputs=[InputTensor(spec.name, spec.datatype, shape, body)])
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet answered, of every model: what a drain waits for."""
+        return self.lifecycle.in_flight
 
     def signature(self, name: str, version: str = ""):
         return self.registry.get(name, version).signature
@@ -309,64 +260,7 @@ class DataPlane:
         if mv.decoupled:
             raise DecoupledModel(Code.UNSUPPORTED, f"model '{mv.name}' uses the decoupled "
                                                    f"transaction policy: use a streaming API")
-        work, batch_size, priority, timeout_us, started = self._admit(request, mv)
-        answer = request.answer
-        if answer is not None and work.trace is None and mv.answers_in_worker \
-                and answer.model_version == str(mv.version):
-            work.answer = answer
-        key = None
-        # Requests with tensors in shared memory are not cached: a client may rewrite a
-        # region between requests that look the same.
-        if self.response_cache is not None and mv.config.response_cache.enable \
-                and not work.regions:
-            key, hit = self._cache_lookup(request, mv, work, started)
-            if hit is not None:
-                if work.trace is not None:
-                    now = time.perf_counter_ns()
-                    work.trace.stamp("INFER_RESPONSE_COMPLETE", now)
-                    work.trace.stamp("REQUEST_END", now)
-                    hit.trace = work.trace
-                    asyncio.get_running_loop().call_soon(work.trace.finish)
-                return hit
-        mv.stats.inflight += 1
-        self.in_flight += 1
-        _hold_regions(work)
-        try:
-            response, _, _ = await self._run(mv, work, batch_size, priority, timeout_us, started)
-        finally:
-            mv.stats.inflight -= 1
-            self.in_flight -= 1
-            _release_regions(work)
-            if work.trace is not None:
-                # Written after the caller's turn, which may add when it sent the response.
-                asyncio.get_running_loop().call_soon(work.trace.finish)
-        response = _response(request, mv, response)
-        response.trace = work.trace
-        if key is not None:
-            self._cache_insert(key, mv, response)
-        return response
-
-    def _cache_lookup(self, request: InferRequest, mv, work, started: int) -> tuple:
-        """(the request's cache key, the cached response or None)."""
-        looked = time.perf_counter_ns()
-        classes = _classifications(request) if request.outputs else None
-        asked = work.requested_outputs if not classes else [
-            f"{name}:{classes.get(name, 0)}" for name in work.requested_outputs]
-        key = request_key(mv.name, mv.version, work.inputs, asked)
-        hit = self.response_cache.lookup(key)
-        now = time.perf_counter_ns()
-        if hit is None:
-            mv.stats.cache_miss.add(now - looked)  # its insertion's time comes later
-            return key, None
-        mv.stats.record_cache_hit(now - started, now - looked)
-        return key, _cached_response(request, mv, hit)
-
-    def _cache_insert(self, key: bytes, mv, response: InferResponse) -> None:
-        inserting = time.perf_counter_ns()
-        self.response_cache.insert(key, CachedResponse(
-            [(o.name, o.datatype, list(o.shape), bytes(o.data)) for o in response.outputs],
-            dict(response.parameters)))
-        mv.stats.cache_miss.add(time.perf_counter_ns() - inserting, count=0)
+        return await self.lifecycle.infer(request, mv)
 
     async def stream(self, request: InferRequest):
         """The responses of one request, as an async iterator of StreamedResponse, for any model
@@ -378,10 +272,10 @@ class DataPlane:
         Use it with `contextlib.aclosing` so that leaving early takes effect at once.
         """
         mv = self._model(request)
-        admitted = self._admit(request, mv)
-        async with contextlib.aclosing(self._responses(mv, request, *admitted)) as items:
+        admitted = self.lifecycle.admit(request, mv)
+        async with contextlib.aclosing(self.lifecycle.responses(mv, request, admitted)) as items:
             async for response, final in items:
-                yield _streamed(request, mv, response, final)
+                yield responses.streamed(request, mv, response, final)
 
     async def run_step(self, request: InferRequest, output_regions: dict, timings,
                        device_outputs: tuple = ()):
@@ -395,243 +289,21 @@ class DataPlane:
         mv = self.registry.get(request.model_name, request.model_version)
         if request.trace is not None:  # the ensemble's: the step's trace is its child
             request.trace = self.tracer.child(request.trace)
-        work, *admitted = self._admit(request, mv, sample=False)
+        admitted = self.lifecycle.admit(request, mv, sample=False)
+        work = admitted.work
         for name, piece in output_regions.items():
             work.output_regions[name] = piece
             work.regions.append(piece.region)
         work.device_outputs = device_outputs
-        async with contextlib.aclosing(self._responses(mv, request, work, *admitted,
-                                                       timings=timings)) as items:
+        async with contextlib.aclosing(self.lifecycle.responses(mv, request, admitted,
+                                                                timings=timings)) as items:
             async for item in items:
                 yield item
-
-    async def _responses(self, mv, request, work, batch_size, priority, timeout_us, started,
-                         timings=None):
-        """(WorkResponse or None, final) of an admitted request, which counts as in flight
-        until its last response, so that a draining server waits for whole streams. The
-        compute times of a request that is not decoupled are added to `timings`, if given."""
-        mv.stats.inflight += 1
-        self.in_flight += 1
-        _hold_regions(work)
-        try:
-            if mv.decoupled:
-                async with contextlib.aclosing(self._stream_decoupled(
-                        mv, request, work, batch_size, priority, timeout_us, started)) as items:
-                    async for item in items:
-                        yield item
-            else:
-                response, _, step = await self._run(mv, work, batch_size, priority, timeout_us,
-                                                    started)
-                if timings is not None:
-                    timings.compute_input_ns += step.compute_input_ns
-                    timings.compute_infer_ns += step.compute_infer_ns
-                    timings.compute_output_ns += step.compute_output_ns
-                yield response, True
-        finally:
-            mv.stats.inflight -= 1
-            self.in_flight -= 1
-            _release_regions(work)
-            if work.trace is not None and not mv.decoupled:
-                work.trace.finish()
-
-    async def _stream_decoupled(self, mv, request, work, batch_size, priority, timeout_us,
-                                started):
-        loop = asyncio.get_running_loop()
-        stream = work.stream = ResponseStream(loop, lone=self.in_flight == 1)
-        if mv.pool is not None:  # an ensemble's stream has no row to tell its steps through
-            request.ask_cancel = stream.ask_cancel
-        # Started now: the request reaches its scheduler in this turn of the loop.
-        run = eager.start(self._run(mv, work, batch_size, priority, timeout_us, started), loop)
-        run.add_done_callback(functools.partial(_end_of_execution, stream))
-        stats = mv.stats
-        failed = False
-        first = self.first_response_histogram
-        try:
-            while True:
-                try:
-                    response, final = await stream.get()
-                except ServerError:
-                    failed = True
-                    raise
-                if first:
-                    first = False
-                    stats.record_first_response(time.perf_counter_ns() - started)
-                if work.trace is not None:
-                    _trace_response(work.trace, response)
-                    if final:
-                        work.trace.stamp("REQUEST_END", time.perf_counter_ns())
-                if response is not None and response.error is not None:
-                    # An error the model sent as its answer leaves the request a success.
-                    failed = failed or (final and not response.error.answered)
-                    _log_failure(logging.WARNING, mv, request.id, response.error)
-                yield response, final
-                if final:
-                    break
-                stream.consumed()
-        finally:
-            if not stream.finished:
-                stream.cancel()
-                run.cancel()
-                stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
-            else:
-                # The final response may come before the end of its batch's execution.
-                record = functools.partial(_record_stream, stats, batch_size, started,
-                                           time.perf_counter_ns(), failed)
-                if run.done():
-                    record(run)
-                else:
-                    run.add_done_callback(record)
-            if work.trace is not None:
-                # Written once the execution ended too, with its compute times.
-                if run.done():
-                    work.trace.finish()
-                else:
-                    run.add_done_callback(lambda _: work.trace.finish())
 
     def _model(self, request: InferRequest):
         if not self.accepting:
             raise ServerError(Code.UNAVAILABLE, "Server not ready")
         return self.registry.get(request.model_name, request.model_version)
-
-    def _admit(self, request: InferRequest, mv, sample: bool = True):
-        """Validate a request: (work, batch size, priority, timeout, start time). A request
-        the tracer samples (or that came with a trace) gets its trace started."""
-        started = time.perf_counter_ns()
-        params = request.parameters
-        if sample and not request.bls and self.tracer.on:
-            request.trace = self.tracer.start(mv.name, request.traceparent)
-        if request.trace is not None:
-            _trace_request(request.trace, request, mv, started)
-        template = request.template
-        checked = template.checked if template is not None else None
-        if checked is not None:
-            work = checked.work(request, mv)
-            if work is not None:
-                work.trace = request.trace
-                work.timeout_us = checked.timeout_us
-                return work, checked.batch_size, checked.priority, checked.timeout_us, started
-        try:
-            work, batch_size = _prepare(request, mv, self.shared_memory,
-                                        self.max_tensor_byte_size)
-            priority = _uint_parameter(params, "priority")
-            timeout_us = _uint_parameter(params, "timeout")
-            if template is not None:
-                template.checked = CheckedTemplate.of(request, mv, work, batch_size, priority,
-                                                      timeout_us)
-        except ServerError as exc:
-            if request.trace is not None:
-                request.trace.stamp("REQUEST_END", time.perf_counter_ns())
-                request.trace.finish()
-            # Not counted in the model's statistics or metrics: Triton counts only requests
-            # that reach its scheduler, and those its backend could not read.
-            if isinstance(exc, BackendReadError):
-                mv.stats.record_failure(time.perf_counter_ns() - started, "BACKEND")
-            _log_failure(logging.DEBUG, mv, request.id, exc)
-            if isinstance(exc, ReadError):
-                raise
-            # Triton names the request in validation errors.
-            raise ServerError(exc.code, f"[request id: {request.id or '<id_unknown>'}] "
-                                        f"{exc.message}") from None
-        work.trace = request.trace
-        work.timeout_us = timeout_us
-        return work, batch_size, priority, timeout_us, started
-
-    async def _run(self, mv, work, batch_size, priority, timeout_us, started):
-        """Schedule one request until its batch ran: (WorkResponse, queue ns, timings). A
-        request that is not decoupled is counted here; a decoupled one when its stream ends."""
-        stats = mv.stats
-        trace = work.trace
-        try:
-            try:
-                if trace is not None:
-                    trace.stamp("QUEUE_START", time.perf_counter_ns())
-                if stats.pending >= self._queue_limit and \
-                        mv.scheduler.default_bound_applies(work):
-                    raise queue_full()
-                response, timings, queue_ns = await mv.scheduler.submit(work, batch_size,
-                                                                        priority, timeout_us)
-            except BaseException:
-                if trace is not None:
-                    trace.stamp("REQUEST_END", time.perf_counter_ns())
-                raise
-            if trace is not None:
-                _trace_execution(trace, timings, None if work.stream else response)
-        except Refused:
-            raise
-        except QueueRejection as exc:
-            stats.record_failure(time.perf_counter_ns() - started, "REJECTED")
-            _log_failure(logging.DEBUG, mv, work.request_id, exc)
-            raise
-        except ServerError as exc:
-            stats.record_failure(time.perf_counter_ns() - started, "OTHER")
-            _log_failure(logging.WARNING, mv, work.request_id, exc)
-            raise
-        except asyncio.CancelledError:
-            if work.stream is None:
-                work.cancel()  # a worker that holds it tells the model
-                stats.record_failure(time.perf_counter_ns() - started, "CANCELED")
-            raise
-        if work.stream is None:
-            error = response.error
-            if error is not None and not error.answered:
-                stats.record_failure(time.perf_counter_ns() - started, "BACKEND",
-                                     timings.gpu_uuid)
-                _log_failure(logging.WARNING, mv, work.request_id, error)
-                raise error
-            request_ns = time.perf_counter_ns() - started
-            stats.record_success(batch_size=batch_size, request_ns=request_ns,
-                                 queue_ns=queue_ns, compute_input_ns=timings.compute_input_ns,
-                                 compute_infer_ns=timings.compute_infer_ns,
-                                 compute_output_ns=timings.compute_output_ns,
-                                 device=timings.gpu_uuid)
-            if self.first_response_histogram:  # the only response (Triton since 2.65)
-                stats.record_first_response(request_ns)
-            if error is not None:
-                # The model answered with an error: Triton counts the request a success.
-                _log_failure(logging.WARNING, mv, work.request_id, error)
-                raise error
-        return response, queue_ns, timings
-
-
-def _trace_request(trace, request: InferRequest, mv, started: int) -> None:
-    trace.model(mv.name, mv.version, request.id)
-    for name, ns in request.received:
-        trace.stamp(name, ns)
-    trace.stamp("REQUEST_START", started)
-    if trace.tensors:
-        for t in request.inputs:
-            trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
-
-
-def _trace_execution(trace, timings, response) -> None:
-    """The compute times of the batch the request ran in; a response that is not streamed,
-    and with it the end of the request."""
-    start = timings.start_ns
-    if start:
-        end_input = start + timings.compute_input_ns
-        start_output = end_input + timings.compute_infer_ns
-        trace.stamp("COMPUTE_START", start)
-        trace.stamp("COMPUTE_INPUT_END", end_input)
-        trace.stamp("COMPUTE_OUTPUT_START", start_output)
-        trace.stamp("COMPUTE_END", start_output + timings.compute_output_ns)
-    if response is not None:
-        _trace_response(trace, response)
-        trace.stamp("REQUEST_END", time.perf_counter_ns())
-
-
-def _trace_response(trace, response) -> None:
-    """A response of the request (a WorkResponse, or None for the final flag alone)."""
-    trace.stamp("INFER_RESPONSE_COMPLETE", time.perf_counter_ns())
-    if trace.tensors and response is not None and response.error is None:
-        for o in response.outputs:
-            trace.tensor("TENSOR_BACKEND_OUTPUT", o.name, o.datatype, o.shape, o.data)
-
-
-def _log_failure(level: int, mv, request_id: str, error: ServerError) -> None:
-    """Failed requests are logged (rejected ones only at the verbose level: a client that
-    sends bad requests or overruns a queue must not flood the log)."""
-    log.log(level, "request failed: %s", error.message,
-            extra=logs.context(model=mv.name, version=mv.version, request_id=request_id))
 
 
 def _check_repository(repository: str) -> None:
@@ -639,339 +311,5 @@ def _check_repository(repository: str) -> None:
         raise ServerError(Code.UNSUPPORTED, "'repository_name' specification is not supported")
 
 
-def _streamed(request: InferRequest, mv, response, final: bool) -> StreamedResponse:
-    if response is None:
-        return StreamedResponse(None, None, final)
-    if response.error is not None:
-        return StreamedResponse(None, response.error, final)
-    return StreamedResponse(_response(request, mv, response), None, final)
-
-
 class DecoupledModel(ServerError):
     """A one-response API was asked of a decoupled model; each transport words it its way."""
-
-
-def _record_stream(stats, batch_size: int, started: int, ended: int, failed: bool,
-                   run: asyncio.Future) -> None:
-    """Count a decoupled request once it has its final response and its batch has run (a
-    batch that could not run was counted as it failed)."""
-    if run.cancelled() or run.exception() is not None:
-        return
-    _, queue_ns, timings = run.result()
-    if failed:
-        stats.record_failure(ended - started, "BACKEND", timings.gpu_uuid)
-        return
-    stats.record_success(batch_size=batch_size, request_ns=ended - started, queue_ns=queue_ns,
-                         compute_input_ns=timings.compute_input_ns,
-                         compute_infer_ns=timings.compute_infer_ns,
-                         compute_output_ns=timings.compute_output_ns,
-                         device=timings.gpu_uuid)
-
-
-def _end_of_execution(stream: ResponseStream, run: asyncio.Future) -> None:
-    """A decoupled request whose batch could not run (rejected, instance gone) ends with why."""
-    if not run.cancelled() and run.exception() is not None:
-        exc = run.exception()
-        stream.fail(exc if isinstance(exc, ServerError) else ServerError(Code.INTERNAL, str(exc)))
-
-
-class CheckedTemplate:
-    """What `_prepare` made of a request filled from a request template, for the next
-    requests of that template to a model of the same signature: they differ only in their
-    tensor bytes, so they pass the same checks and make the same work request, once their
-    bytes are as long."""
-
-    __slots__ = ("signature", "parameters", "inputs", "batch_size", "priority",
-                 "timeout_us", "correlation_id", "flags", "model_parameters", "requested")
-
-    @classmethod
-    def of(cls, request: InferRequest, mv, work: WorkRequest, batch_size: int, priority: int,
-           timeout_us: int):
-        """None for a request that uses shared memory or BYTES: those are checked each
-        time (a region's contents and a BYTES tensor's elements can change)."""
-        if work.regions or work.output_regions \
-                or any(t.datatype == "BYTES" for t in request.inputs):
-            return None
-        checked = cls()
-        checked.signature = mv.signature
-        checked.parameters = dict(request.parameters)
-        checked.inputs = [(w.name, w.datatype, list(w.shape), datatypes.byte_length(w.data))
-                          for w in work.inputs]
-        checked.batch_size = batch_size
-        checked.priority = priority
-        checked.timeout_us = timeout_us
-        checked.correlation_id = work.correlation_id
-        checked.flags = work.flags
-        checked.model_parameters = dict(work.parameters)
-        checked.requested = list(work.requested_outputs)
-        return checked
-
-    def work(self, request: InferRequest, mv) -> WorkRequest | None:
-        """The work request for `request`, or None when it must be checked in full (another
-        signature or parameters, a tensor of another length)."""
-        if self.signature is not mv.signature or request.parameters != self.parameters:
-            return None
-        inputs = []
-        for (name, datatype, shape, nbytes), t in zip(self.inputs, request.inputs):
-            data = t.data
-            if data is None or type(data) is RegionSlice or datatypes.byte_length(data) != nbytes:
-                return None
-            inputs.append(WorkInput(name, datatype, shape.copy(), data))
-        return WorkRequest(request.id, self.correlation_id, self.flags,
-                           self.model_parameters.copy(), inputs, self.requested.copy())
-
-
-def _hold_regions(work: WorkRequest) -> None:
-    """The client regions a request uses are held until it ends (see memory_regions.Region)."""
-    for region in work.regions:
-        region.users += 1
-
-
-def _release_regions(work: WorkRequest) -> None:
-    for region in work.regions:
-        region.release()
-
-
-def _prepare(request: InferRequest, mv, shared_memory: SharedMemoryManager,
-             max_tensor_bytes: int = MAX_TENSOR_BYTE_SIZE) -> tuple[WorkRequest, int]:
-    """Validate a request against the model; the WorkRequest and its batch size."""
-    sig = mv.signature
-    name = mv.name
-    batching = sig.max_batch_size > 0
-    inputs = []
-    regions = []  # the client regions the request uses
-    seen = {}  # input names in request order
-    batch_size = 1
-    for t in request.inputs:
-        spec = sig.inputs.get(t.name)
-        if spec is None:
-            raise ReadError(Code.INVALID_ARG,
-                            f"unexpected inference input '{t.name}' for model '{name}'")
-        if t.name in seen:
-            raise ServerError(Code.INVALID_ARG,
-                              f"input '{t.name}' already exists in request")
-        seen[t.name] = None
-        if t.datatype != spec.datatype:
-            raise ServerError(Code.INVALID_ARG,
-                              f"inference input '{t.name}' data-type is '{t.datatype}', but "
-                              f"model '{name}' expects '{spec.datatype}'")
-        shape = t.shape
-        if any((not isinstance(d, int)) or d < 0 for d in shape):
-            raise ServerError(Code.INVALID_ARG,
-                              f"unexpected shape for input '{t.name}' for model '{name}'. "
-                              f"Shape dimensions must be non-negative integers, got {_fmt(shape)}")
-        if batching:
-            if not shape:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"input '{t.name}' has no shape but model requires batch "
-                                  f"dimension for '{name}'")
-            this_batch = shape[0]
-            if this_batch > sig.max_batch_size:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"inference request batch-size must be <= "
-                                  f"{sig.max_batch_size} for '{name}'")
-            if this_batch < 1:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"inference request batch-size must be >= 1 for '{name}'")
-            if inputs and this_batch != batch_size:
-                raise ServerError(Code.INVALID_ARG,
-                                  f"input '{t.name}' batch size does not match other inputs "
-                                  f"for '{name}'")
-            batch_size = this_batch
-            item_shape = shape[1:]
-        else:
-            item_shape = shape
-        if not _dims_match(item_shape, spec.dims):
-            expected = ([-1] if batching else []) + list(spec.dims)
-            raise ServerError(Code.INVALID_ARG,
-                              f"unexpected shape for input '{t.name}' for model '{name}'. "
-                              f"Expected {_fmt(expected)}, got {_fmt(shape)}. "
-                              f"{_BATCH_DIM_NOTE if batching else ''}")
-        if t.data is None:
-            if "shared_memory_region" not in t.parameters:
-                raise ServerError(Code.INVALID_ARG, f"input '{t.name}' has no data")
-            data = shared_memory.slice(t.parameters)
-            regions.append(data.region)
-        else:
-            data = t.data
-            if type(data) is RegionSlice:  # an ensemble step's input, read where it lies
-                regions.append(data.region)
-        _check_byte_size(t, data, name, max_tensor_bytes)
-        model_shape = list(shape)
-        if spec.reshape is not None:
-            model_shape = ([shape[0]] if batching else []) + _reshape(spec.reshape, item_shape)
-        inputs.append(WorkInput(t.name, t.datatype, model_shape, data))
-    if len(seen) != len(sig.inputs):
-        missing = [n for n, s in sig.inputs.items() if n not in seen and not s.optional]
-        if missing:
-            required = sum(1 for s in sig.inputs.values() if not s.optional)
-            expected = (f"{required} inputs" if required == len(sig.inputs) else
-                        f"number of inputs between {required} and {len(sig.inputs)}")
-            raise ServerError(Code.INVALID_ARG,
-                              f"expected {expected} but got {len(seen)} inputs for model "
-                              f"'{name}'. Got input(s) {_names(seen)}, but missing required "
-                              f"input(s) {_names(missing)}. Please provide all required input(s).")
-    output_regions = {}
-    if request.outputs:
-        requested = []
-        for o in request.outputs:
-            if o.name not in sig.outputs:
-                raise ReadError(Code.INVALID_ARG,
-                                f"unexpected inference output '{o.name}' for model '{name}'")
-            if o.name in requested:  # as Triton since 2.69
-                raise ServerError(Code.INVALID_ARG,
-                                  f"output '{o.name}' already exists in request")
-            if o.parameters:
-                _check_classification(o, sig, name)
-                if "shared_memory_region" in o.parameters:
-                    output_regions[o.name] = piece = shared_memory.slice(o.parameters)
-                    regions.append(piece.region)
-            requested.append(o.name)
-    else:
-        requested = list(sig.outputs)
-    params = request.parameters
-    model_params = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS} if params else {}
-    flags = 0
-    if params:
-        if _bool_parameter(params, "sequence_start"):
-            flags |= SEQUENCE_START
-        if _bool_parameter(params, "sequence_end"):
-            flags |= SEQUENCE_END
-    work = WorkRequest(request.id, params.get("sequence_id", 0), flags, model_params, inputs,
-                       requested, output_regions=output_regions, regions=regions)
-    return work, batch_size
-
-
-def _uint_parameter(params: dict, name: str) -> int:
-    value = params.get(name, 0) if params else 0
-    if type(value) is not int:
-        raise ReadError(Code.INVALID_ARG, f"invalid value type for '{name}' parameter, "
-                                          f"expected int64_param.")
-    if value < 0:
-        raise ReadError(Code.INVALID_ARG, f"invalid value for '{name}', expected value >= 0.")
-    return value
-
-
-def _bool_parameter(params: dict, name: str) -> bool:
-    value = params.get(name, False)
-    if type(value) is not bool:
-        raise ReadError(Code.INVALID_ARG, f"invalid value type for '{name}' parameter, "
-                                          f"expected bool_param.")
-    return value
-
-
-def _dims_match(shape, dims) -> bool:
-    if len(shape) != len(dims):
-        return False
-    for got, want in zip(shape, dims):
-        if want != -1 and got != want:
-            return False
-    return True
-
-
-def _reshape(reshape: tuple, item_shape: list) -> list:
-    """The shape the model sees; a -1 in the reshape takes the remaining elements."""
-    if -1 not in reshape:
-        return list(reshape)
-    total = datatypes.element_count(item_shape)
-    known = 1
-    for d in reshape:
-        if d != -1:
-            known *= d
-    return [total // known if known and d == -1 else d for d in reshape]
-
-
-def _check_byte_size(t, data, model: str, limit: int) -> None:
-    """`data`: the tensor's bytes, or the RegionSlice of a client region it fills exactly. The
-    elements of a BYTES tensor in a region are the worker's to check: only it reads them.
-    A tensor above `limit` bytes is refused before any of it is copied for the model."""
-    count = datatypes.element_count(t.shape)
-    if t.datatype == "BYTES":
-        nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
-        if nbytes > limit:
-            raise _too_large(t.name, model, nbytes, limit)
-        if type(data) is RegionSlice:
-            return  # the worker checks the elements, before it allocates for them
-        try:
-            datatypes.check_bytes(data, count)
-        except datatypes.BytesLayoutError as exc:
-            raise _bytes_layout_error(exc, t.name, model, count) from None
-        return
-    expected = count * datatypes.element_size(t.datatype)
-    if expected > limit:
-        raise _too_large(t.name, model, expected, limit)
-    nbytes = len(data) if isinstance(data, (bytes, bytearray)) else data.nbytes
-    if nbytes != expected:
-        raise ServerError(Code.INVALID_ARG,
-                          f"input byte size mismatch for input '{t.name}' for model '{model}'. "
-                          f"Expected {expected}, got {nbytes}")
-
-
-def _bytes_layout_error(exc, name: str, model: str, count: int) -> ServerError:
-    # The one Triton's backend finds counts the request as failed (see BackendReadError).
-    kind = BackendReadError if exc.problem == "data" else ServerError
-    return kind(Code.INVALID_ARG, exc.describe(name, model, count))
-
-
-def _too_large(name: str, model: str, nbytes: int, limit: int) -> ServerError:
-    return ServerError(Code.INVALID_ARG, f"input '{name}' for model '{model}' has {nbytes} "
-                                         f"bytes, more than the maximum tensor byte size of "
-                                         f"{limit} (--max-tensor-byte-size)")
-
-
-def _check_classification(o, sig, model: str) -> None:
-    k = o.parameters.get("classification")
-    if k is None:
-        return
-    if type(k) is not int or k < 0:
-        raise ServerError(Code.INVALID_ARG, f"Unable to set 'classification' of output "
-                                            f"'{o.name}': expected an integer >= 0")
-    if "shared_memory_region" in o.parameters:
-        raise ServerError(Code.INVALID_ARG, "Output can't set both 'shared_memory_region' and "
-                                            "'classification'")
-
-
-def _classifications(request: InferRequest) -> dict | None:
-    """{output name: k} of the outputs asked as classifications, or None."""
-    found = None
-    for o in request.outputs:
-        k = o.parameters.get("classification") if o.parameters else None
-        if k:
-            found = found or {}
-            found[o.name] = k
-    return found
-
-
-def _response(request: InferRequest, mv, work) -> InferResponse:
-    sig = mv.signature
-    outputs = []
-    arena = work.arena
-    for o in work.outputs:
-        shape = o.shape
-        spec = sig.outputs.get(o.name)
-        if spec is not None and spec.reshape is not None and -1 not in spec.dims:
-            shape = ([shape[0]] if sig.max_batch_size > 0 and shape else []) + list(spec.dims)
-        place = None
-        if o.offset >= 0 and arena is not None:
-            place = RegionSlice(arena, o.offset, len(o.data))
-        outputs.append(OutputTensor(o.name, o.datatype, shape, o.data, place=place))
-    classes = _classifications(request) if request.outputs else None
-    if classes:
-        outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
-                   if o.name in classes else o for o in outputs]
-    return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
-                         release=work.release, sent=work.sent)
-
-
-def _cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:
-    return InferResponse(mv.name, str(mv.version), request.id, dict(hit.parameters),
-                         [OutputTensor(name, datatype, list(shape), data)
-                          for name, datatype, shape, data in hit.outputs])
-
-
-def _fmt(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def _names(names) -> str:
-    return "[" + ",".join(f"'{n}'" for n in names) + "]"

@@ -19,7 +19,8 @@ import contextlib
 import logging
 from collections import deque
 
-from shmserve.dataplane import SEQUENCE_END, SEQUENCE_START, DecoupledModel
+from shmserve.admission import SEQUENCE_END, SEQUENCE_START
+from shmserve.dataplane import DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import messages

@@ -44,7 +44,7 @@ class RequestTemplate:
                        for t in request.inputs]
         self.outputs = [(o.name, dict(o.parameters)) for o in request.outputs]
         # What the dataplane found when it checked a request of this template against a
-        # model, for the next ones (dataplane.CheckedTemplate).
+        # model, for the next ones (checked_templates.CheckedTemplate).
         self.checked = None
 
     def fill(self, data: list) -> InferRequest:

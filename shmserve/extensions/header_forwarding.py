@@ -11,7 +11,7 @@ header must not change how a request is scheduled).
 
 import re
 
-from shmserve.dataplane import RESERVED_PARAMETERS
+from shmserve.admission import RESERVED_PARAMETERS
 from shmserve.errors import Code, ServerError
 from shmserve.inference import InferRequest
 

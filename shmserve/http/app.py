@@ -17,7 +17,7 @@ import orjson
 from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.extensions import header_forwarding, restricted_api
-from shmserve.http import codec, compression, generate, region_routes
+from shmserve.http import codec, compression, generate, raw_request, region_routes
 from shmserve.http.http1 import SENT, HttpServer, Request, Response, error_response
 from shmserve.http.prepared_answers import AnswerBook
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
@@ -164,8 +164,10 @@ class HttpRoutes:
         if encoding and encoding.lower() != "identity":
             body = await _off_loop(compression.decompress, body, encoding, self.max_input_size)
         if header_length == 0:  # the body is the bytes of the model's only input
-            infer_request = self.dp.raw_request(request.match_info["model"], _version(request),
-                                                body)
+            name, version = request.match_info["model"], _version(request)
+            infer_request = raw_request.decode_raw_request(
+                name, version, self.dp.signature(name, version), body,
+                self.dp.max_tensor_byte_size)
             fmt = codec.OutputFormat(binary_default=True)
         else:
             infer_request, fmt = codec.decode_infer_request(

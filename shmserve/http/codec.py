@@ -66,8 +66,8 @@ def decode_infer_request(
     model_version: str,
 ) -> tuple[InferRequest, OutputFormat]:
     """Parse an infer body. `header_length` is the Inference-Header-Content-Length value
-    (None: the whole body is JSON; 0, a raw binary request, needs the model and is the
-    dataplane's `raw_request`). Binary inputs are zero-copy slices of `body`."""
+    (None: the whole body is JSON; 0, a raw binary request, needs the model and is
+    raw_request.py's). Binary inputs are zero-copy slices of `body`."""
     view = memoryview(body).cast("B")
     total = len(view)
     if header_length is None:

@@ -669,7 +669,7 @@ def _absent() -> _Value:
     return _Value("", [], None, None, 0, None)
 
 
-# The request flags of dataplane.SEQUENCE_START / SEQUENCE_END.
+# The request flags of admission.SEQUENCE_START / SEQUENCE_END.
 _SEQUENCE_START = 1
 _SEQUENCE_END = 2
 

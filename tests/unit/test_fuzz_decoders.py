@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from shmserve import proto
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_json, parse_config_text
-from shmserve.dataplane import CheckedTemplate, _prepare
+from shmserve.admission import prepare
+from shmserve.checked_templates import CheckedTemplate
 from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.errors import Code, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager, decode_raw_handle
@@ -261,7 +262,7 @@ def regions():
 def check_prepared(request, model, manager):
     """What the dataplane admits is what the model's signature promises: the WorkRequest,
     or None for a refused request."""
-    prepared = outcome("dataplane", _prepare, request, model, manager)
+    prepared = outcome("dataplane", prepare, request, model, manager)
     if prepared is None:
         return None
     work, batch_size = prepared
@@ -766,7 +767,7 @@ def test_generate_requests(regions, body, model_name):
         return
     # generate derives shapes from the signature: with every required input given, the
     # dataplane must take them.
-    prepared = outcome(None, _prepare, request, model, regions)
+    prepared = outcome(None, prepare, request, model, regions)
     required = {n for n, s in model.signature.inputs.items() if not s.optional}
     assert prepared is not None or not required <= {t.name for t in request.inputs}
 
@@ -953,18 +954,18 @@ def test_inputs_decode_as_sent(regions):
         {"name": "INPUT1", "datatype": "BYTES", "shape": [1, 2],
          "parameters": {"binary_data_size": 10}}]}, b"\1\0\0\0a\1\0\0\0b")
     request, _ = decode_infer_request(body, header, "m", "")
-    work, batch = _prepare(request, MODELS["batching"], regions)
+    work, batch = prepare(request, MODELS["batching"], regions)
     assert batch == 1 and bytes(work.inputs[0].data) == np.array([1.5, 2], "<f4").tobytes()
     msg = _grpc_request([1, 4], np.arange(4, dtype="<f4").tobytes())
     msg.inputs[0].parameters["shared_memory_region"].string_param = "fuzz"
     msg.inputs[0].parameters["shared_memory_byte_size"].int64_param = 16
     del msg.raw_input_contents[:]
     request = grpc_codec.decode_model_infer_request(msg)
-    work, _ = _prepare(request, MODELS["batching"], regions)
+    work, _ = prepare(request, MODELS["batching"], regions)
     assert work.inputs[0].data.nbytes == 16
     request = generate.decode_generate_request(b'{"INPUT0": [1, 2]}', "m", "",
                                                MODELS["batching"].signature)
-    assert _prepare(request, MODELS["batching"], regions)[0].inputs[0].shape == [1, 2]
+    assert prepare(request, MODELS["batching"], regions)[0].inputs[0].shape == [1, 2]
 
 
 @pytest.mark.parametrize("wire", [b"\x0b\x0c", b"\x0b\x3a\x01a\x0c", b"\x3a\x01a\x0b\x3a\x01b\x0c",

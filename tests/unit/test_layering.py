@@ -6,6 +6,9 @@ above:
     host -> transports (http/, grpc/, model_calls.py) -> dataplane -> repository -> registry
          -> scheduling -> dispatch -> ipc
 
+(the dataplane layer is dataplane.py and the request's way behind it: lifecycle.py,
+admission.py, checked_templates.py, responses.py)
+
 Beside those layers:
 - the base (errors, inference, signature, eager, request_templates, proto, config/) imports only
   itself and ipc, so any layer may use it;
@@ -30,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAYERS = (
     ("host", ("shmserve.host",)),
     ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.model_calls")),
-    ("dataplane", ("shmserve.dataplane",)),
+    ("dataplane", ("shmserve.dataplane", "shmserve.lifecycle", "shmserve.admission",
+                   "shmserve.checked_templates", "shmserve.responses")),
     ("repository", ("shmserve.repository",)),
     ("registry", ("shmserve.registry",)),
     ("scheduling", ("shmserve.scheduling",)),

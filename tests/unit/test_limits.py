@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from shmserve.dataplane import DataPlane, _check_byte_size
+from shmserve.admission import Admitted, check_byte_size
+from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
@@ -61,7 +62,7 @@ def test_a_model_without_queue_policy_sheds_past_the_default_bound(bound, expect
         stats = ModelStats()
         mv = model(DefaultScheduler(InstancePool([inst], depth=1), stats), stats)
         dp = dataplane(max_queue_size_default=bound)
-        calls = [asyncio.ensure_future(dp._run(mv, work(f"r{i}"), 1, 0, 0, 0))
+        calls = [asyncio.ensure_future(dp.lifecycle.run(mv, Admitted(work(f"r{i}"), 1, 0, 0, 0)))
                  for i in range(1 + 10)]
         await asyncio.sleep(0.01)
         rejected = [c for c in calls if c.done()]
@@ -77,7 +78,7 @@ def test_a_model_without_queue_policy_sheds_past_the_default_bound(bound, expect
         assert len(rejected) == 11 - expected_accepted
         assert stats.pending == 0
         # Once the queue drained, requests are accepted again.
-        again = asyncio.ensure_future(dp._run(mv, work("again"), 1, 0, 0, 0))
+        again = asyncio.ensure_future(dp.lifecycle.run(mv, Admitted(work("again"), 1, 0, 0, 0)))
         await asyncio.sleep(0.01)
         inst.finish_all()
         await again
@@ -103,15 +104,15 @@ def test_a_tensor_is_measured_by_its_shape_before_its_data():
     # The shape claims 4 TB; the data is 4 bytes: the limit speaks first.
     t = InputTensor("INPUT0", "FP32", [10**12], b"\0" * 4)
     with pytest.raises(ServerError) as e:
-        _check_byte_size(t, t.data, "m", 1024)
+        check_byte_size(t, t.data, "m", 1024)
     assert e.value.code is Code.INVALID_ARG
     assert "--max-tensor-byte-size" in e.value.message and "4000000000000 bytes" in e.value.message
     ok = InputTensor("INPUT0", "FP32", [256], b"\0" * 1024)
-    _check_byte_size(ok, ok.data, "m", 1024)  # exactly at the limit
+    check_byte_size(ok, ok.data, "m", 1024)  # exactly at the limit
     strings = InputTensor("S", "BYTES", [1], b"\x05\0\0\0hello" * 1)
     with pytest.raises(ServerError):
-        _check_byte_size(strings, strings.data, "m", 8)
-    _check_byte_size(strings, strings.data, "m", 9)
+        check_byte_size(strings, strings.data, "m", 8)
+    check_byte_size(strings, strings.data, "m", 9)
 
 
 def test_open_streams_are_counted_and_capped():

@@ -4,6 +4,7 @@ front and its worker then poll for that one client (dispatch/front_spin.py)."""
 import asyncio
 from types import SimpleNamespace
 
+from shmserve.admission import Admitted
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
 from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest
@@ -40,7 +41,7 @@ def work(request_id) -> WorkRequest:
 
 async def read_all(dp, mv, request_id):
     request = SimpleNamespace(id=request_id)
-    async for _ in dp._responses(mv, request, work(request_id), 1, 0, 0, 0):
+    async for _ in dp.lifecycle.responses(mv, request, Admitted(work(request_id), 1, 0, 0, 0)):
         pass
 
 
