@@ -26,12 +26,14 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from shmserve.dispatch.arena import InputArena, new_segment
 from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.memory_regions import CudaRegion, Region, RegionSlice, segment_region
+# The records a batch carries, importable from here too: the dataplane imports them from here.
+from shmserve.dispatch.work_types import (BatchTimings, DeviceTensor, WorkInput,  # noqa: F401
+                                          WorkOutput, WorkRequest, WorkResponse)
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
@@ -54,110 +56,6 @@ ARENA_BYTES = 256 * 1024 * 1024  # sparse: pages cost memory only once touched
 EXIT_REPORT_WAIT_S = 1.0
 # How long a model's is_ready() may take before the instance counts as not ready (Triton's).
 READINESS_TIMEOUT_S = 5.0
-
-
-@dataclass(slots=True)
-class WorkInput:
-    name: str
-    datatype: str
-    shape: list
-    data: object  # bytes or memoryview of raw wire bytes, a RegionSlice, or a DeviceTensor
-
-
-@dataclass(slots=True, frozen=True)
-class DeviceTensor:
-    """A tensor a GPU instance keeps in its device memory for another instance to read there
-    (an ensemble's intermediate): the CUDA IPC handle of the allocation it lies in, and where
-    in it. Valid until the release of the response that gave it."""
-
-    raw_handle: bytes
-    device_id: int
-    offset: int
-    nbytes: int
-
-
-@dataclass(slots=True)
-class WorkRequest:
-    """A validated request, ready for a worker."""
-
-    request_id: str
-    correlation_id: object
-    flags: int
-    parameters: dict
-    inputs: list  # of WorkInput
-    requested_outputs: list  # of str
-    # Set for a decoupled model: where its responses go (a dispatch.stream.ResponseStream).
-    stream: object = None
-    # Output name -> RegionSlice, for outputs the client wants in its own shared memory.
-    output_regions: dict = field(default_factory=dict)
-    # The client regions (memory_regions.Region) its inputs and outputs are in.
-    regions: list = field(default_factory=list)
-    # Set by the sequence batcher: the batch slot of the request's sequence on the instance
-    # that runs it, and False for a null request (one that fills an idle slot).
-    sequence_slot: int = -1
-    ready: bool = True
-    trace: object = None  # its tracing.Trace, if sampled
-    # Outputs a GPU instance keeps on its GPU when the model made them there (DeviceTensor).
-    device_outputs: tuple = ()
-    # Its answer to its client, prepared up to the outputs' bytes, that the worker may write;
-    # None for none. An object with `lend(holder)`, the descriptor of the socket to write it
-    # to, lent to the worker `holder` (this handle, whose batches write in turn), or -1 when
-    # it cannot be written there now; `frame`, then messages.RequestFrame.answer without the
-    # socket index; `returned(unsent)`, called once the worker is done with the socket: what
-    # it did not take of the answer (the worker wrote it, after the batch's Result), or None
-    # when the worker did not write the answer (called then at the Result, or when the batch
-    # could not be sent or failed); and `lost()`, called instead when the worker died after
-    # the batch's Result, before it told what it wrote, unless it had marked the batch's
-    # answers whole (see request_table.py): the connection may hold part of one.
-    answer: object = None
-    timeout_us: int = 0  # its timeout (the "timeout" parameter), for `request.timeout()`
-    # While a worker holds it (not a decoupled one, whose stream has its row): (the request
-    # table, its row), to mark it cancelled when its client goes away (WorkRequest.cancel).
-    held: object = None
-
-    def cancel(self) -> None:
-        """Its client went away: the model's `request.is_cancelled()` says so from now on,
-        while a worker holds it."""
-        held = self.held
-        if held is not None:
-            held[0].cancel(held[1])
-
-
-@dataclass(slots=True)
-class WorkOutput:
-    name: str
-    datatype: str
-    shape: list
-    # bytes (inline; empty when in a client region or on the GPU) or a view of the output arena
-    data: object
-    # Where `data` starts in the output arena (see WorkResponse.arena); -1 when not there.
-    offset: int = -1
-    device: Optional[DeviceTensor] = None  # where it is, when the instance kept it on its GPU
-
-
-@dataclass(slots=True)
-class WorkResponse:
-    error: Optional[ModelError]
-    outputs: list = field(default_factory=list)
-    parameters: dict = field(default_factory=dict)
-    # Hands the output-arena slots back once the outputs are copied out; None if none.
-    release: Optional[Callable[[], None]] = None
-    # An iterative sequence's request that the model asked to run again: no answer yet.
-    rescheduled: bool = False
-    # The output arena as a Region, when outputs are in it: another instance can then read
-    # them in place (an ensemble's next step), as long as `release` has not been called.
-    arena: Optional[Region] = None
-    # The worker writes the request's prepared answer itself (WorkRequest.answer).
-    sent: bool = False
-
-
-@dataclass(slots=True)
-class BatchTimings:
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    start_ns: int = 0  # when the worker began it (CLOCK_MONOTONIC); 0 if unknown
-    gpu_uuid: str = ""  # the GPU of the instance that ran it; empty for CPU instances
 
 
 class WorkerHandle:
