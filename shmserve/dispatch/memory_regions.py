@@ -3,8 +3,9 @@ region (the shared-memory extension, extensions/client_regions.py) or a segment 
 own that other instances read in place (a worker's output arena, for an ensemble's next step).
 
 The front never maps a region; workers map one, by id, when a batch first uses it there (see
-dispatch/worker.py). A Region counts the requests that hold it and remembers the workers that
-mapped it, so that each is told to unmap it once it is retired and no request uses it.
+dispatch/region_mapping.py). A Region counts the requests that hold it and remembers the
+workers that mapped it, so that each is told to unmap it once it is retired and no request
+uses it.
 Below both scheduling/ and the extension, so that either may name a region.
 """
 
