@@ -13,6 +13,7 @@ import itertools
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import posix_ipc
 
@@ -32,7 +33,7 @@ class Region:
     # Worker handles that mapped it; each is told to unmap it in the end.
     mapped_by: set = field(default_factory=set)
     # Unregistered while in use: what takes its name out of the manager once unused.
-    forget: object = None
+    forget: Optional[Callable[[], None]] = None
 
     def release(self) -> None:
         self.users -= 1
