@@ -54,7 +54,7 @@ class InferRequest:
     # The request_templates.RequestTemplate it was filled from, if any.
     template: Any = None
     # Its answer to its client, prepared by the transport up to the outputs' bytes, that the
-    # model's worker may write (see dispatch.worker.WorkRequest.answer); None for none.
+    # model's worker may write (see dispatch.work_types.PreparedAnswer); None for none.
     answer: Any = None
     # Set by the dataplane while a decoupled model streams its responses: asks the model to
     # stop, its responses still read to the final one (a BLS caller's cancel()).

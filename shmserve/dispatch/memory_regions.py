@@ -3,8 +3,9 @@ region (the shared-memory extension, extensions/client_regions.py) or a segment 
 own that other instances read in place (a worker's output arena, for an ensemble's next step).
 
 The front never maps a region; workers map one, by id, when a batch first uses it there (see
-dispatch/worker.py). A Region counts the requests that hold it and remembers the workers that
-mapped it, so that each is told to unmap it once it is retired and no request uses it.
+dispatch/region_mapping.py). A Region counts the requests that hold it and remembers the
+workers that mapped it, so that each is told to unmap it once it is retired and no request
+uses it.
 Below both scheduling/ and the extension, so that either may name a region.
 """
 
@@ -12,6 +13,7 @@ import itertools
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import posix_ipc
 
@@ -31,7 +33,7 @@ class Region:
     # Worker handles that mapped it; each is told to unmap it in the end.
     mapped_by: set = field(default_factory=set)
     # Unregistered while in use: what takes its name out of the manager once unused.
-    forget: object = None
+    forget: Optional[Callable[[], None]] = None
 
     def release(self) -> None:
         self.users -= 1

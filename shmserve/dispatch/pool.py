@@ -29,7 +29,9 @@ concurrency 32 86.4 -> 81.0 µs; infer/s at 8 8,848 -> 9,580, at 32 12,144 -> 12
 import asyncio
 import collections
 import logging
+from typing import Awaitable, Optional, Protocol
 
+from shmserve.dispatch.work_types import BatchTimings, WorkResponse
 from shmserve.errors import Code, ServerError
 
 log = logging.getLogger("shmserve.dispatch")
@@ -39,12 +41,22 @@ PIPELINE_DEPTH = 2
 DEFAULT_PIPELINE_BELOW_US = 1000
 
 
-class InstancePool:
-    """Works with anything that has `alive`, `instance_name` and `execute(batch)` (which
-    gives a future, or a coroutine, of (responses, timings)), so the schedulers above can be
-    tested with fake instances."""
+class Instance(Protocol):
+    """What the pool and the schedulers above require of a model instance: a WorkerHandle
+    (dispatch/worker.py), or a test's fake. Instances are told apart by identity."""
 
-    def __init__(self, instances: list, depth: int = PIPELINE_DEPTH, limiter=None,
+    instance_name: str
+    alive: bool  # it takes batches
+
+    def execute(self, batch: list) -> Awaitable[tuple[list[WorkResponse], BatchTimings]]:
+        """Run a batch of WorkRequests: a future, or a coroutine, of (one WorkResponse per
+        request, in order, the batch's timings)."""
+
+
+class InstancePool:
+    """Works with any Instance, so the schedulers above can be tested with fake instances."""
+
+    def __init__(self, instances: list[Instance], depth: int = PIPELINE_DEPTH, limiter=None,
                  pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US):
         """`limiter`: the server's RateLimiter (--rate-limit=execution_count), which the
         instances it limits must satisfy too; they hold one batch at a time.
@@ -70,7 +82,7 @@ class InstancePool:
             self._register(inst)
         self.instances = list(instances)
 
-    def _register(self, inst) -> None:
+    def _register(self, inst: Instance) -> None:
         limited = self._limiter is not None and self._limiter.limits(inst)
         self._max_depth[inst] = 1 if limited or self._hold_one else self.depth
         self._depth[inst] = self._max_depth[inst] if self._pipeline_below_us else 1
@@ -86,7 +98,7 @@ class InstancePool:
         for inst in self.instances:
             self._max_depth[inst] = self._depth[inst] = 1
 
-    def update(self, instances: list, limiter=None) -> list:
+    def update(self, instances: list[Instance], limiter=None) -> list[Instance]:
         """Serve with `instances` from now on, in that order: those new to the pool (started
         already) take work at once; those left out retire, and are returned. `limiter`: the
         server's RateLimiter, which the pool obeys from now on if a new instance is limited
@@ -104,11 +116,11 @@ class InstancePool:
         self.wake_all()
         return retired
 
-    def busy(self, inst) -> bool:
+    def busy(self, inst: Instance) -> bool:
         """Whether the instance holds a batch the pool gave it."""
         return self._load.get(inst, 0) > 0
 
-    def forget(self, inst) -> None:
+    def forget(self, inst: Instance) -> None:
         """A retired instance that holds nothing leaves for good (it is being stopped)."""
         self.retiring.discard(inst)
         for table in (self._max_depth, self._depth, self._batch_ns, self._load, self._sent):
@@ -142,7 +154,7 @@ class InstancePool:
         back): schedulers that dispatch without waiting use it."""
         self._listeners.append(callback)
 
-    def try_acquire(self, size: int = 0, can_grow: bool = False):
+    def try_acquire(self, size: int = 0, can_grow: bool = False) -> Optional[Instance]:
         """An instance with room for one more batch of `size` requests, or None; never waits.
         A batch that `can_grow` goes to a busy instance only if it is no smaller than the
         latest batch that instance was sent."""
@@ -152,7 +164,7 @@ class InstancePool:
             self._sent[inst] = size
         return inst
 
-    def _take(self, inst) -> None:
+    def _take(self, inst: Instance) -> None:
         self._load[inst] += 1
         if self._limiter is not None:
             self._limiter.take(inst)
@@ -161,7 +173,7 @@ class InstancePool:
         """Some instance could take a batch of some size."""
         return self._pick() is not None
 
-    def try_acquire_instance(self, inst) -> bool:
+    def try_acquire_instance(self, inst: Instance) -> bool:
         """Take room for one more batch on this very instance (the sequence batcher binds a
         sequence to one, which may be retiring); False when it is full, not alive, or
         forgotten."""
@@ -171,7 +183,7 @@ class InstancePool:
         self._take(inst)
         return True
 
-    def _pick(self, size: int | None = None):
+    def _pick(self, size: int | None = None) -> Optional[Instance]:
         best = None
         best_load = self.depth
         limiter = self._limiter
@@ -185,10 +197,10 @@ class InstancePool:
                     break
         return best
 
-    def _fits(self, inst) -> bool:
+    def _fits(self, inst: Instance) -> bool:
         return self._limiter is None or self._limiter.fits(inst, self)
 
-    async def acquire(self):
+    async def acquire(self) -> Instance:
         """An instance with room for one more batch; waits while all are full."""
         while True:
             inst = self._pick()
@@ -206,7 +218,7 @@ class InstancePool:
                     self._wake_next()  # pass our wake-up on to the next waiter
                 raise
 
-    def release(self, inst, timings=None) -> None:
+    def release(self, inst: Instance, timings: Optional[BatchTimings] = None) -> None:
         """`inst` finished a batch; `timings` (BatchTimings), when it ran to the end, tell
         how long the model took, and so whether the instance's next batches pipeline."""
         if inst not in self._load:  # forgotten (its pool closed while the batch ran)
@@ -222,7 +234,7 @@ class InstancePool:
         self._wake_next()
         self._notify()
 
-    def _note_batch_length(self, inst, timings) -> None:
+    def _note_batch_length(self, inst: Instance, timings: BatchTimings) -> None:
         length = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
         # Falls to a shorter batch at once, rises by an eighth of a longer one: the lengths
         # are wall time in the worker, which a busy machine stretches now and then (a worker
@@ -237,7 +249,7 @@ class InstancePool:
         """The rate limiter has resources for one of these instances again."""
         self.wake_all()
 
-    def instance_back(self, inst) -> None:
+    def instance_back(self, inst: Instance) -> None:
         """A restarted instance takes work again; its old batches all failed."""
         if inst not in self._load:
             return
@@ -273,7 +285,7 @@ class InstancePool:
         self.wake_all()
 
 
-def batch_error(inst, exc: BaseException) -> ServerError:
+def batch_error(inst: Instance, exc: BaseException) -> ServerError:
     """What the requests of a batch that failed on `inst` are answered: its ServerError, or an
     INTERNAL one for anything else (a bug below the scheduler, or the loop shutting down),
     which is logged."""

@@ -14,7 +14,7 @@ import os
 import subprocess
 from typing import Optional
 
-from shmserve.dispatch.worker import worker_command, worker_env
+from shmserve.dispatch.worker_process import worker_command, worker_env
 
 log = logging.getLogger("shmserve.dispatch")
 

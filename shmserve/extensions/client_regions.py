@@ -3,7 +3,7 @@ name instead of carrying tensor bytes.
 
 The front never maps a client region: it checks a system region once at registration
 (object type, bounds) and remembers which object it was; workers map regions, by id, when a
-batch first uses them there (see dispatch/worker.py; the Region records themselves are in
+batch first uses them there (see dispatch/region_mapping.py; the Region records themselves are in
 dispatch/memory_regions.py), so a tensor goes from the client's memory to the model with no
 copy. A region stays usable by requests that hold it after it is unregistered; once the last
 one ends, the workers that mapped it are told to unmap it.

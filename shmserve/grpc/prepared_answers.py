@@ -16,7 +16,7 @@ from shmserve.grpc import codec
 
 
 class PreparedAnswer:
-    """What dispatch.worker.WorkRequest.answer asks for."""
+    """What WorkRequest.answer asks for (dispatch.work_types.PreparedAnswer)."""
 
     __slots__ = ("model_version", "frame", "_call", "_layout")
 

@@ -19,7 +19,7 @@ from shmserve.inference import InferResponse
 
 
 class PreparedAnswer:
-    """What dispatch.worker.WorkRequest.answer asks for."""
+    """What WorkRequest.answer asks for (dispatch.work_types.PreparedAnswer)."""
 
     __slots__ = ("model_version", "frame", "_connection")
 

@@ -16,7 +16,7 @@ import time
 from shmserve.config.backend import PYTHON_RUNTIME
 from shmserve.config.parse import parse_config_json
 from shmserve.config.render import config_to_json
-from shmserve.dispatch.worker import worker_command, worker_env
+from shmserve.dispatch.worker_process import worker_command, worker_env
 from shmserve.errors import ServerError, invalid_arg
 from shmserve.proto import ModelConfig
 from shmserve.repository.scan import ModelEntry, select_versions

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 from shmserve.config.normalize import ENSEMBLE_PLATFORM, WILDCARD_DIM
 from shmserve.dispatch.memory_regions import RegionSlice
-from shmserve.dispatch.worker import BatchTimings, WorkOutput, WorkResponse
+from shmserve.dispatch.work_types import BatchTimings, WorkOutput, WorkResponse
 from shmserve.errors import Code, ModelError, ServerError, invalid_arg
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes

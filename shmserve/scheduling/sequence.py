@@ -40,7 +40,7 @@ import itertools
 import logging
 
 from shmserve.dispatch.pool import batch_error
-from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.dispatch.work_types import WorkInput, WorkRequest
 from shmserve.errors import Code, Refused, ServerError
 from shmserve.ipc import datatypes
 from shmserve.scheduling.queue import GONE, QUEUED, TAKEN, resolve

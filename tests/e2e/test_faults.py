@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shmserve.dispatch import worker as worker_module
+from shmserve.dispatch import instance_memory
 from shmserve.host.server import Options, Server
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from tests.conftest import ROOT, SHM_DIR, alive, start_server, stop_server
@@ -489,7 +489,7 @@ def _maps(pid: int) -> str:
 def test_no_space_for_arenas_makes_the_model_unavailable(tmp_path_factory, monkeypatch, caplog):
     repo = _repository(tmp_path_factory, ("add_sub", "identity_fp32"))
     full = {"identity_fp32"}
-    real = worker_module.new_segment
+    real = instance_memory.new_segment
 
     def new_segment(tag, size):
         # the output arena comes second: the input arena made before it must not leak
@@ -497,7 +497,7 @@ def test_no_space_for_arenas_makes_the_model_unavailable(tmp_path_factory, monke
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(tag, size)
 
-    monkeypatch.setattr(worker_module, "new_segment", new_segment)
+    monkeypatch.setattr(instance_memory, "new_segment", new_segment)
     me = os.getpid()
 
     async def run():
@@ -552,7 +552,7 @@ def test_full_arenas_fall_back_to_inline_transfer(tmp_path_factory, monkeypatch)
     tensors the arena has room for when /dev/shm has none: writing them into the sparse
     arena would be a SIGBUS, which kills the server instead of failing a request."""
     repo = _repository(tmp_path_factory, ("identity_fp32",))
-    monkeypatch.setattr(worker_module, "ARENA_BYTES", 1 << 20)
+    monkeypatch.setattr(instance_memory, "ARENA_BYTES", 1 << 20)
     refused = []
 
     def no_space(fd, offset, length):

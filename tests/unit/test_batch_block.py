@@ -8,8 +8,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from shmserve.dispatch import worker
-from shmserve.dispatch.worker import DeviceTensor, WorkerHandle, WorkInput, WorkRequest
+from shmserve.dispatch import batch_layout, instance_memory
+from shmserve.dispatch.work_types import DeviceTensor, WorkInput, WorkRequest
+from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import datatypes, messages
 
 CONFIG = {
@@ -110,10 +111,10 @@ def test_layout_is_input_major_with_aligned_runs():
                          []),
              WorkRequest("r2", 0, 0, {}, [WorkInput("A", "FP32", [1, 1], b"a2a2"),
                                           WorkInput("B", "INT8", [1, 3], b"BBB")], [])]
-    frames, pieces, size = worker._layout(batch, [0, 1, 2])
+    frames, pieces, size = batch_layout.layout(batch, [0, 1, 2])
     block = b"".join(pieces)
-    assert size == len(block) == worker.BLOCK_ALIGNMENT + 16
-    assert block[:6] == b"bbbBBB" and block[worker.BLOCK_ALIGNMENT:] == b"a0a0a1a1a1a1a2a2"
+    assert size == len(block) == batch_layout.BLOCK_ALIGNMENT + 16
+    assert block[:6] == b"bbbBBB" and block[batch_layout.BLOCK_ALIGNMENT:] == b"a0a0a1a1a1a1a2a2"
     assert [f.request_id for f in frames] == ["r0", "r1", "r2"]
     assert [[(r.name, r.shape) for r in f.inputs] for f in frames] == [
         [("B", [1, 3]), ("A", [1, 1])], [("A", [2, 1])], [("A", [1, 1]), ("B", [1, 3])]]
@@ -128,7 +129,7 @@ def test_a_tensor_on_another_instances_gpu_travels_by_handle_not_in_the_block():
     batch = [WorkRequest("r0", 0, 0, {}, [WorkInput("A", "FP32", [1024], device),
                                           WorkInput("B", "INT8", [3], b"bbb")], ["OUT"],
                          device_outputs=("OUT",))]
-    (frame,), pieces, size = worker._layout(batch, [0])
+    (frame,), pieces, size = batch_layout.layout(batch, [0])
     assert b"".join(pieces) == b"bbb" and size == 3
     assert frame.inputs[0].location == (messages.DEVICE_MEMORY, b"h" * 64, 1, 512, 4096)
     assert frame.device_outputs == ("OUT",)
@@ -141,7 +142,7 @@ def test_an_output_kept_on_the_gpu_is_released_with_the_arena_slots():
     sent = []
     handle._channel = type("Channel", (), {"send": staticmethod(sent.append)})()
     handle.alive = True
-    response = handle._response(messages.ResponseFrame(None, [
+    response = handle._batches.response(messages.ResponseFrame(None, [
         messages.TensorRef("MID", "FP32", [1024], [messages.DEVICE_MEMORY, b"h" * 64, 0, 256,
                                                    4096, 7]),
         messages.TensorRef("SMALL", "INT8", [2], b"xy")]))
@@ -157,7 +158,7 @@ def test_an_output_kept_on_the_gpu_is_released_with_the_arena_slots():
                          ids=["inline", "arena"])
 def test_block_round_trips_and_batches(model_dir, elements, arena_blocks):
     async def body(handle):
-        arena = handle._input_arena
+        arena = handle._memory.input_arena
         slots = []  # one per block put into the arena
         put = arena.put
 
@@ -185,7 +186,7 @@ def test_block_round_trips_and_batches(model_dir, elements, arena_blocks):
 
 
 def test_full_input_arena_falls_back_to_inline(model_dir, monkeypatch):
-    monkeypatch.setattr(worker, "ARENA_BYTES", 256 * 1024)
+    monkeypatch.setattr(instance_memory, "ARENA_BYTES", 256 * 1024)
 
     async def body(handle):
         a = [np.full((1, 50_000), i, dtype=np.float32) for i in range(2)]  # 400 kB in all

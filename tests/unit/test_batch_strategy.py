@@ -12,7 +12,7 @@ import pytest
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_text
 from shmserve.config.render import config_to_json
-from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.dispatch.work_types import WorkInput, WorkRequest
 from shmserve.errors import Code, ServerError
 from shmserve.ipc import datatypes
 from shmserve.scheduling.strategy import BatchStrategy, RequestView

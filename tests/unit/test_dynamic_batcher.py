@@ -8,7 +8,7 @@ import pytest
 
 from shmserve import eager
 from shmserve.dispatch.pool import InstancePool
-from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
+from shmserve.dispatch.work_types import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.dynamic import DynamicBatcher

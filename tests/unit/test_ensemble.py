@@ -9,8 +9,8 @@ from google.protobuf import text_format
 
 from shmserve.dispatch.memory_regions import RegionSlice, SystemRegion
 from shmserve.dispatch.stream import ResponseStream
-from shmserve.dispatch.worker import (DeviceTensor, WorkInput, WorkOutput, WorkRequest,
-                                      WorkResponse)
+from shmserve.dispatch.work_types import (DeviceTensor, WorkInput, WorkOutput, WorkRequest,
+                                          WorkResponse)
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.proto import ModelConfig

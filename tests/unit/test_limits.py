@@ -9,7 +9,7 @@ import pytest
 from shmserve.admission import Admitted, check_byte_size
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
-from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
+from shmserve.dispatch.work_types import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.inference import InputTensor

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from shmserve.admission import Admitted
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.pool import InstancePool
-from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest
+from shmserve.dispatch.work_types import BatchTimings, WorkInput, WorkRequest
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.observability.stats import ModelStats
 from shmserve.registry import Registry

@@ -347,13 +347,13 @@ def test_a_scrape_waits_for_the_answer_to_its_own_ask():
         worker = handle()
         worker._loop = asyncio.get_running_loop()
         worker.alive = True
-        worker._metrics_fd = os.eventfd(0, os.EFD_NONBLOCK)
+        worker._metrics.fd = os.eventfd(0, os.EFD_NONBLOCK)
         try:
             first = asyncio.ensure_future(worker.fresh_custom_metrics(5))
             await asyncio.sleep(0)
             second = asyncio.ensure_future(worker.fresh_custom_metrics(5))
             await asyncio.sleep(0)
-            assert os.eventfd_read(worker._metrics_fd) == 2  # one write per ask
+            assert os.eventfd_read(worker._metrics.fd) == 2  # one write per ask
             families = [["f", "d", 0, [[{}, 1.0, 1.0]]]]
             worker._on_message(messages.MetricsReport(1, families))  # the first ask's answer
             await asyncio.wait_for(first, 1)
@@ -363,14 +363,14 @@ def test_a_scrape_waits_for_the_answer_to_its_own_ask():
             assert worker.custom_metrics == families
             # A worker that does not answer: the scrape goes on with its last values.
             await asyncio.wait_for(worker.fresh_custom_metrics(0.05), 1)
-            assert not worker._metrics_waiters
+            assert not worker._metrics.waiters
             # One whose process is gone answers every waiting scrape at once.
             third = asyncio.ensure_future(worker.fresh_custom_metrics(5))
             await asyncio.sleep(0)
-            worker._answer_metrics_waiters()
+            worker._metrics.wake()
             await asyncio.wait_for(third, 1)
         finally:
-            os.close(worker._metrics_fd)
+            os.close(worker._metrics.fd)
     asyncio.run(main())
 
 

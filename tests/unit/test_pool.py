@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from shmserve.dispatch.pool import InstancePool
-from shmserve.dispatch.worker import BatchTimings
+from shmserve.dispatch.work_types import BatchTimings
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.default import DefaultScheduler

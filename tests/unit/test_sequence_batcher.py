@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from shmserve.dispatch.pool import InstancePool
-from shmserve.dispatch.worker import BatchTimings, WorkInput, WorkRequest, WorkResponse
+from shmserve.dispatch.work_types import BatchTimings, WorkInput, WorkRequest, WorkResponse
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.sequence import SequenceBatcher

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from shmserve.dispatch.memory_regions import RegionSlice, SystemRegion
-from shmserve.dispatch.worker import DeviceTensor
+from shmserve.dispatch.work_types import DeviceTensor
 from shmserve.errors import Code, ServerError
 from shmserve.observability.otel import OtelSettings
 from shmserve.observability.tracing import (TraceFile, TraceSettings, Tracer, _values,

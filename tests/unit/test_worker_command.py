@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from shmserve.dispatch.worker import worker_command, worker_env
+from shmserve.dispatch.worker_process import worker_command, worker_env
 
 
 def test_a_folder_in_the_current_directory_does_not_shadow_the_servers_code(tmp_path):

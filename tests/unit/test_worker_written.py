@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from shmserve.dispatch.batch_dispatch import SentBatch
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import codec, messages, request_table
 from shmserve.ipc.request_table import RequestTable
@@ -209,11 +210,11 @@ def handle():
     h = WorkerHandle(model_name="ident", model_version=1, model_dir="", model_repository="",
                      model_config={}, instance_name="ident_0", instance_kind="CPU",
                      device_id=0)
-    h._table = RequestTable(segment)
+    h._memory.table = RequestTable(segment)
     workers_view = RequestTable(Segment.attach(segment.name))
     yield h, workers_view
     workers_view.close()
-    h._table.close()
+    h._memory.table.close()
     segment.unlink()
 
 
@@ -223,9 +224,9 @@ def test_carried_news_is_handled_before_the_results_own_answers(handle):
 
     async def scenario():
         future = asyncio.get_running_loop().create_future()
-        h._writing[1] = [(0, Answer("first", log))]
-        h._pending[2] = (future, None, [], 1, [(0, Answer("second", log))])
-        h._rows = request_table.RowAllocator()
+        h._loans._writing[1] = [(0, Answer("first", log))]
+        h._batches.pending[2] = SentBatch(future, None, [], 1, [(0, Answer("second", log))])
+        h._batches.rows = request_table.RowAllocator()
         h._on_message(messages.Result(2, [messages.ResponseFrame(None, [])],
                                       written=[[1, [[0, b"rest"]]]]))
         return future.done()
@@ -233,14 +234,14 @@ def test_carried_news_is_handled_before_the_results_own_answers(handle):
     assert asyncio.run(scenario())
     # The first batch's rest goes first; the second's answer, not the worker's, is the front's.
     assert log == [("first", b"rest"), ("second", None)]
-    assert not h._writing
+    assert not h._loans._writing
 
 
 def test_a_dead_workers_marked_batch_keeps_its_connections(handle):
     h, workers_view = handle
     log = []
-    h._writing[1] = [(0, Answer("unmarked", log))]
-    h._writing[2] = [(0, Answer("marked", log)), (1, Answer("marked too", log))]
+    h._loans._writing[1] = [(0, Answer("unmarked", log))]
+    h._loans._writing[2] = [(0, Answer("marked", log)), (1, Answer("marked too", log))]
     workers_view.mark_written(2)
     h._fail_pending("exited with signal 9")
     assert sorted(log) == [("marked", b""), ("marked too", b""), ("unmarked", "lost")]
