@@ -13,7 +13,7 @@ request, its batch size, its priority and timeout, and when it came.
 from dataclasses import dataclass
 
 from shmserve.dispatch.memory_regions import RegionSlice
-from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.dispatch.work_types import WorkInput, WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.inference import InferRequest

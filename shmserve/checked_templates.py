@@ -11,7 +11,7 @@ has no check on record, is admitted in full (lifecycle.Lifecycle.admit).
 
 from shmserve.admission import Admitted
 from shmserve.dispatch.memory_regions import RegionSlice
-from shmserve.dispatch.worker import WorkInput, WorkRequest
+from shmserve.dispatch.work_types import WorkInput, WorkRequest
 from shmserve.inference import InferRequest
 from shmserve.ipc import datatypes
 

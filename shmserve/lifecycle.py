@@ -23,7 +23,7 @@ import time
 from shmserve import admission, checked_templates, eager, responses
 from shmserve.admission import Admitted
 from shmserve.dispatch.stream import ResponseStream
-from shmserve.dispatch.worker import WorkRequest
+from shmserve.dispatch.work_types import WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key

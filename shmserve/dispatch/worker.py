@@ -31,9 +31,6 @@ from shmserve.dispatch.instance_memory import InstanceMemory
 from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.dispatch.region_mapping import MappedRegions
 from shmserve.dispatch.socket_loans import SocketLoans
-# The records a batch carries, importable from here too: the dataplane imports them from here.
-from shmserve.dispatch.work_types import (BatchTimings, DeviceTensor, WorkInput,  # noqa: F401
-                                          WorkOutput, WorkRequest, WorkResponse)
 from shmserve.dispatch.worker_process import WorkerProcess
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.ipc import messages
