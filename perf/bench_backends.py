@@ -111,7 +111,9 @@ def _save(graph, path: Path) -> None:
 
 
 def build_tiny(path: Path) -> None:
-    fp32 = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", TINY_COLS])
+    def fp32(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", TINY_COLS])
+
     graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])], "tiny",
                               [fp32("INPUT0"), fp32("INPUT1")], [fp32("OUTPUT0")])
     _save(graph, path)
@@ -133,7 +135,10 @@ def build_heavy(path: Path, blocks: int) -> None:
         if not last:
             nodes.append(helper.make_node("Relu", [f"add{i}"], [f"relu{i}"]))
             x = f"relu{i}"
-    fp32 = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", HEAVY_WIDTH])
+
+    def fp32(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", HEAVY_WIDTH])
+
     _save(helper.make_graph(nodes, "heavy", [fp32("INPUT0")], [fp32("OUTPUT0")], weights), path)
 
 
@@ -491,7 +496,10 @@ def target_rows(res: Results, models: list[Model], protocols: list[str]) -> list
                          f"<= {TARGET_P99_VS_TRITON}",
                          verdict(None if r_p99 is None else r_p99 <= TARGET_P99_VS_TRITON)))
     worker, plain = res.rss_kib("shmserve"), res.rss_kib(None)
-    mb = lambda kib: None if kib is None else kib * 1024 / MB
+
+    def mb(kib):
+        return None if kib is None else kib * 1024 / MB
+
     delta = None if worker is None or plain is None else mb(worker - plain)
     rows.append(("tiny: shmserve worker VmRSS - plain process VmRSS",
                  f"{fmt(mb(worker), '.1f')} - {fmt(mb(plain), '.1f')} = {fmt(delta, '.1f')} MB",
@@ -513,19 +521,21 @@ def perf_analyzer_table(res: Results, models: list[Model], protocols: list[str])
             for c in model.concurrency:
                 t, s = (res.pa.get((server, model.name, protocol, c), {}) for server in SERVER_NAMES)
                 inproc = res.inproc.get(model.name)
-                limit = lambda d: limit_at(inproc, d.get("avg_batch"))
 
-                def pair(figure, spec: str) -> str:
+                def limit(d, inproc=inproc):
+                    return limit_at(inproc, d.get("avg_batch"))
+
+                def pair(figure, spec: str, t=t, s=s) -> str:
                     return f"{fmt(figure(t), spec)} / {fmt(figure(s), spec)}"
 
                 def stat(key: str):
                     return lambda d: (d.get("server_stats") or {}).get(key)
 
-                retried = "".join(f" ({name[0].upper()}: -s {d['retried_with_s']})"
-                                  for name, d in zip(SERVER_NAMES, (t, s)) if d.get("retried_with_s"))
+                retried = "".join(f" ({name[0].upper()}: -s {rec['retried_with_s']})"
+                                  for name, rec in zip(SERVER_NAMES, (t, s)) if rec.get("retried_with_s"))
                 lines.append(markdown_row([
                     model.name, protocol, f"{c}{retried}", pair(lambda d: d.get("infer_per_s"), ",.0f"),
-                    pair(limit, ",.0f"), pair(lambda d: ratio(d.get("infer_per_s"), limit(d)), ".2f"),
+                    pair(limit, ",.0f"), pair(lambda d, limit=limit: ratio(d.get("infer_per_s"), limit(d)), ".2f"),
                     pair(lambda d: d.get("p50_ms"), ".3f"), pair(lambda d: d.get("p99_ms"), ".3f"),
                     pair(lambda d: d.get("avg_batch"), ".1f"), pair(stat("request_us"), ",.0f"),
                     pair(stat("queue_us"), ",.0f"), pair(stat("compute_infer_us"), ",.0f"),
@@ -666,7 +676,7 @@ def main() -> int:
 
         for model in models:
             rec = dict(kind="inprocess", model=model.name,
-                       **measure_steady(lambda: run_inprocess(model, files[model.name], args),
+                       **measure_steady(lambda model=model: run_inprocess(model, files[model.name], args),
                                         args.max_steal, args.steal_reruns))
             records.append(rec)
             print(json.dumps(rec), file=sys.stderr, flush=True)
@@ -674,7 +684,9 @@ def main() -> int:
         args.inprocess_options = options[0] if options else None
 
         def run_one(server: Server) -> list[str]:
-            measure_all = lambda errs: check_and_measure(server, models, pa, out_dir, args, sessions, records, errs)
+            def measure_all(errs):
+                return check_and_measure(server, models, pa, out_dir, args, sessions, records, errs)
+
             if server.name != "triton":
                 return serve_and_measure(server, measure_all)
             with anchor_triton_lock():

@@ -224,7 +224,7 @@ def aggregate(records: list) -> dict:
         latency = [r["latency_ms"] for r in requests]
         speeds = [p["tokens_per_s"] for p in passes]
 
-        def mean(key):
+        def mean(key, passes=passes):
             values = [p[key] for p in passes if p[key] is not None]
             return sum(values) / len(values) if values else None
 

@@ -138,7 +138,7 @@ def absolute_table(ok: dict, cases) -> str:
     for case in cases:
         t, s = ok.get(("triton", *case), {}), ok.get(("shmserve", *case), {})
 
-        def pair(get, spec: str) -> str:
+        def pair(get, spec: str, t=t, s=s) -> str:
             return f"{fmt(get(t), spec)} / {fmt(get(s), spec)}"
 
         model, protocol, kib, concurrency = case

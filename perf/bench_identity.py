@@ -101,9 +101,11 @@ def measure_server(server: Server, cases, pa: tuple[str, str], out_dir: Path, re
     for tool in tools:
         for protocol, concurrency in cases:
             if tool == "perf_analyzer":
-                run = lambda: run_perf_analyzer(server, protocol, concurrency, pa, out_dir, rep, args.model)
+                def run(protocol=protocol, concurrency=concurrency):
+                    return run_perf_analyzer(server, protocol, concurrency, pa, out_dir, rep, args.model)
             else:
-                run = lambda: run_loadgen(server, protocol, concurrency, args)
+                def run(protocol=protocol, concurrency=concurrency):
+                    return run_loadgen(server, protocol, concurrency, args)
             figures = measure_steady(run, args.max_steal, args.steal_reruns)
             rec = dict(rep=rep, server=server.name, tool=tool, protocol=protocol, concurrency=concurrency, **figures)
             print(json.dumps(rec), file=sys.stderr, flush=True)
@@ -208,7 +210,10 @@ def perf_analyzer_table(summary: dict, cases) -> str:
                            "front + model CPU cores", "shmserve loop thread: run + wait cores",
                            "perf_analyzer CPU cores", "host steal cores"]),
              markdown_row(["---", "---:"] + ["---:"] * 7 + ["---", "---:", "---:", "---:", "---:", "---:"])]
-    yes_no = lambda v: "–" if v is None else ("yes" if v else "NO")
+
+    def yes_no(v):
+        return "–" if v is None else ("yes" if v else "NO")
+
     for protocol, concurrency in cases:
         t = summary["perf_analyzer", "triton", protocol, concurrency]
         s = summary["perf_analyzer", "shmserve", protocol, concurrency]

@@ -144,8 +144,13 @@ def table(records: list[dict], models, cases) -> str:
         for protocol, concurrency in cases:
             t = ok.get(("triton", model, protocol, concurrency), {})
             s = ok.get(("shmserve", model, protocol, concurrency), {})
-            pair = lambda key, spec: f"{fmt(t.get(key), spec)} / {fmt(s.get(key), spec)}"
-            queue = lambda r: (r.get("server_stats") or {}).get("queue_us")
+
+            def pair(key, spec, t=t, s=s):
+                return f"{fmt(t.get(key), spec)} / {fmt(s.get(key), spec)}"
+
+            def queue(r):
+                return (r.get("server_stats") or {}).get("queue_us")
+
             lines.append(markdown_row([
                 model, protocol, str(concurrency), pair("infer_per_s", ",.0f"),
                 fmt(ratio(s.get("infer_per_s"), t.get("infer_per_s")), ".2f"), pair("p99_ms", ".2f"),

@@ -146,7 +146,7 @@ def run_one(server: Server, concurrencies, pa, out_dir: Path, data_file: Path, r
         server.wait_model_ready(MODEL)
         for c in concurrencies:
             rec = dict(server=server.name, kind="perf_analyzer", concurrency=c,
-                       **measure_steady(lambda: run_perf_analyzer(server, c, pa, out_dir, data_file),
+                       **measure_steady(lambda c=c: run_perf_analyzer(server, c, pa, out_dir, data_file),
                                         args.max_steal, args.steal_reruns))
             print(json.dumps(rec), file=sys.stderr, flush=True)
             records.append(rec)

@@ -142,7 +142,10 @@ def parse_csv(path: Path) -> Measurement:
     if not rows:
         return Measurement(error=f"no result row in {path.name}")
     row = rows[-1]
-    us = lambda key: float(row[key]) / 1000.0
+
+    def us(key):
+        return float(row[key]) / 1000.0
+
     return Measurement(infer_per_s=float(row["Inferences/Second"]), p50_ms=us("p50 latency"),
                        p99_ms=us("p99 latency"), avg_ms=us("Avg latency"))
 

@@ -126,7 +126,7 @@ def main() -> int:
                 raise SystemExit(f"{name}: echo server exited with {server.returncode}")
             for c in args.concurrency:
                 r = run(protocol, "127.0.0.1", args.port, c,
-                        server_cpu=lambda: tree_cpu_seconds(server.pid))
+                        server_cpu=lambda server=server: tree_cpu_seconds(server.pid))
                 rows.append((name, c, r))
                 print(json.dumps({"stack": name, "concurrency": c, "infer_per_s": r.infer_per_s,
                                   "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,

@@ -215,7 +215,7 @@ def stop_server(server: RunningServer, timeout: float = 30.0) -> None:
             for pid in workers:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
-            raise AssertionError(f"shmserve did not stop on SIGTERM:\n{server.log()}")
+            raise AssertionError(f"shmserve did not stop on SIGTERM:\n{server.log()}") from None
     deadline = time.monotonic() + 10
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)

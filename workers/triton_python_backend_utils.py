@@ -32,10 +32,11 @@ from workers.model_api.constants import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     MemoryType,
 )
+# `X as X`: the worker side's hooks, re-exported on purpose (see below `__all__`).
 from workers.model_api.context import (
-    _allow_bls,
-    _set_model_context,
-    _set_server_calls,
+    _allow_bls as _allow_bls,
+    _set_model_context as _set_model_context,
+    _set_server_calls as _set_server_calls,
     get_model_dir,
 )
 from workers.model_api.dtypes import (
@@ -48,7 +49,8 @@ from workers.model_api.dtypes import (
 )
 from workers.model_api.errors import TritonError, TritonModelException
 from workers.model_api.log import LOGGER_NAME, Logger
-from workers.model_api.metrics import Metric, MetricFamily, MetricKind, _metrics_snapshot
+from workers.model_api.metrics import Metric, MetricFamily, MetricKind
+from workers.model_api.metrics import _metrics_snapshot as _metrics_snapshot  # a hook, re-exported
 from workers.model_api.model_config import (
     ModelConfig,
     get_input_config_by_name,

@@ -29,7 +29,10 @@ def management_cases():
                          "input": {"name": "INPUT0", "data_type": "type_fp32", "dims": [-1]},
                          "output": {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
                          "instance_group": {"kind": "KIND_CPU", "count": 1}})
-    grpc_load = lambda name, **params: ("grpc", "RepositoryModelLoad", _load_request(name, params))
+
+    def grpc_load(name, **params):
+        return ("grpc", "RepositoryModelLoad", _load_request(name, params))
+
     return [
         ("explicit index at start", ("POST", repo + "/index", {})),
         ("explicit ready index at start", ("POST", repo + "/index", {"ready": True})),

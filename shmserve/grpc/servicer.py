@@ -551,6 +551,10 @@ def _methods(service_name: str, servicer, restrictions: dict) -> dict:
     return table
 
 
+# The default `limits` (frozen, so one instance serves every call).
+_DEFAULT_LIMITS = transport.ConnectionLimits()
+
+
 def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  max_inflight_per_stream: int = MAX_INFLIGHT_PER_CONNECTION,
                  header_pattern=None, restrictions: dict | None = None,
@@ -559,7 +563,7 @@ def build_server(dataplane: DataPlane, max_message_size: int = MAX_MESSAGE_SIZE,
                  connection_age: tuple = (0.0, 0.0),
                  response_compression: str = "none",
                  prepare_answers: bool = True,
-                 limits: transport.ConnectionLimits = transport.ConnectionLimits()
+                 limits: transport.ConnectionLimits = _DEFAULT_LIMITS
                  ) -> GrpcServer:
     """A message above `max_message_size` either way fails its RPC with RESOURCE_EXHAUSTED,
     as gRPC's own limit does. `restrictions`: --grpc-restricted-protocol's

@@ -19,10 +19,14 @@ from typing import Callable
 from shmserve import eager
 from shmserve.grpc import http2
 from shmserve.grpc.inbound import STREAM_WINDOW, WBITS, Compressed, Inbound
-# The status codes are this module's too: the servicer names them from here.
-from shmserve.grpc.status import (ALREADY_EXISTS, CANCELLED, DEADLINE_EXCEEDED, INTERNAL,
-                                  INVALID_ARGUMENT, NOT_FOUND, OK, RESOURCE_EXHAUSTED,
-                                  UNAVAILABLE, UNIMPLEMENTED, UNKNOWN, RpcError)
+# The status codes are this module's too: the servicer names them from here (`X as X`: the
+# ones this module does not use itself are re-exported on purpose).
+from shmserve.grpc.status import ALREADY_EXISTS as ALREADY_EXISTS
+from shmserve.grpc.status import INTERNAL as INTERNAL
+from shmserve.grpc.status import NOT_FOUND as NOT_FOUND
+from shmserve.grpc.status import (CANCELLED, DEADLINE_EXCEEDED, INVALID_ARGUMENT, OK,
+                                  RESOURCE_EXHAUSTED, UNAVAILABLE, UNIMPLEMENTED, UNKNOWN,
+                                  RpcError)
 
 log = logging.getLogger("shmserve.grpc")
 

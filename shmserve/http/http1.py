@@ -437,7 +437,7 @@ class _Connection(asyncio.Protocol):
                 # CONNECT's authority form (host:port), or no URL at all: nothing to route.
                 self._refuse(error_response(
                     400, f"the request target '{url[:200].decode('latin-1')}' is not a path"))
-                raise httptools.HttpParserError("request target not a path")
+                raise httptools.HttpParserError("request target not a path") from None
             path, query = parsed.path or b"", parsed.query or b""
         else:
             path, query = url, b""

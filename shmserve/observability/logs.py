@@ -301,7 +301,7 @@ class WorkerLog:
             pipe = os.fdopen(self._read_fds.pop(0), "rb", buffering=0)
             try:
                 _, relay = await loop.connect_read_pipe(
-                    lambda: _OutputRelay(stream, pid, self._extra), pipe)
+                    lambda stream=stream: _OutputRelay(stream, pid, self._extra), pipe)
             except BaseException:
                 pipe.close()
                 raise

@@ -88,7 +88,7 @@ class WindowQuantiles:
         out = []
         for q in qs:
             target, seen = q * total, 0.0
-            for value, weight in weighted:
+            for value, weight in weighted:  # noqa: B007 (the value it stops at is kept below)
                 seen += weight
                 if seen >= target:
                     break

@@ -436,11 +436,11 @@ def test_client_shared_memory_is_off_unless_allowed(closed_server, regions):
                              (grpcclient, closed_server.grpc_url, "UNIMPLEMENTED")):
         c = mod.InferenceServerClient(url)
         try:
-            for call in (lambda: c.register_system_shared_memory("r", key, 64),
-                         lambda: c.register_cuda_shared_memory(
+            for call in (lambda c=c: c.register_system_shared_memory("r", key, 64),
+                         lambda c=c: c.register_cuda_shared_memory(
                              "g", base64.b64encode(bytes(64)), 0, 64),
-                         lambda: c.unregister_system_shared_memory("r"),
-                         lambda: c.unregister_cuda_shared_memory()):
+                         lambda c=c: c.unregister_system_shared_memory("r"),
+                         lambda c=c: c.unregister_cuda_shared_memory()):
                 exc = _error(call)
                 assert (_status(exc), exc.message()) == (status, text)
             assert _names(c.get_system_shared_memory_status(),

@@ -394,7 +394,7 @@ def test_a_queue_policy_keeps_requests_queued_until_an_instance_is_free(queue):
     async def main():
         h = Harness(depth=2, queue=queue)
         await h.block()
-        waiting = h.submit("next", priority=1)
+        _waiting = h.submit("next", priority=1)  # held: the loop keeps only weak refs to tasks
         await settle()
         assert h.inst.seen == [["blocker"]] and h.stats.pending == 1
         h.inst.finish()

@@ -569,9 +569,9 @@ def test_a_metric_is_unusable_once_its_family_is_deleted(metrics):
         metric = family.Metric(labels={"a": "b"},
                                buckets=[1] if kind == pb_utils.MetricFamily.HISTOGRAM else None)
         del family
-        for call, action in ((lambda: metric.increment(10), "increment"),
-                             (lambda: metric.set(10), "set"),
-                             (lambda: metric.observe(10), "observe"),
+        for call, action in ((lambda metric=metric: metric.increment(10), "increment"),
+                             (lambda metric=metric: metric.set(10), "set"),
+                             (lambda metric=metric: metric.observe(10), "observe"),
                              (metric.value, "get")):
             with raises_exactly(f"Failed to {action} metric value: {CLEARED}"):
                 call()

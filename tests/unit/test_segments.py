@@ -143,7 +143,7 @@ def test_close_unmaps_and_is_idempotent(segment):
     with pytest.raises(ValueError):
         segment.view(0, 1)
     with pytest.raises(ValueError):
-        segment.buffer
+        _ = segment.buffer
 
 
 def test_close_with_live_views_defers_the_unmap_to_them(segment):

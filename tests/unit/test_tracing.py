@@ -176,7 +176,7 @@ def test_command_line_settings():
                       (["other,file=x"], "unknown trace mode 'other'"),
                       (["rate"], "expected [<mode>,]<setting>=<value>"),
                       (["rate=-1"], "Unable to parse 'trace_rate'")):
-        assert text in refused(lambda: settings_from_flags(bad))
+        assert text in refused(lambda bad=bad: settings_from_flags(bad))
 
 
 def test_opentelemetry_mode_settings(monkeypatch):

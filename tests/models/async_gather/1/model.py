@@ -29,7 +29,7 @@ class TritonPythonModel:
                 self.changed.notify_all()
                 try:
                     await asyncio.wait_for(
-                        self.changed.wait_for(lambda: self.peak >= count), 10)
+                        self.changed.wait_for(lambda count=count: self.peak >= count), 10)
                 except asyncio.TimeoutError:
                     pass
                 peak = self.peak

@@ -22,7 +22,7 @@ class TritonPythonModel:
             sys.stderr.write(f"stderr {tag}\n")
             log.warning("logging %s", tag)
             try:
-                1 / 0
+                _ = 1 / 0
             except ZeroDivisionError:
                 log.exception("traceback %s", tag)
             pb_utils.Logger.log_info(f"info {tag}")
