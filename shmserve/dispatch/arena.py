@@ -52,6 +52,8 @@ class InputArena:
         self._alloc.free(offset)
 
     def destroy(self) -> None:
-        self._buf = None
+        # Drops the view so that the segment can unmap; a destroyed arena takes no more puts,
+        # so put keeps the view's type (no None check on the hot path).
+        self._buf = None  # type: ignore[assignment]
         self.segment.close()
         self.segment.unlink()

@@ -40,7 +40,7 @@ class SentBatch(NamedTuple):
     future: asyncio.Future  # gives (its WorkResponses, BatchTimings)
     slot: Optional[int]  # its input block's input-arena slot, if it has one
     plain: list  # (row, request) of its requests without a stream
-    count: int  # its requests
+    size: int  # its requests (not `count`, which would hide tuple.count)
     lent: list  # (index in the batch, answer) of the answers whose sockets were lent
 
 
@@ -84,12 +84,14 @@ class BatchDispatch:
         batch_id = next(self._batch_ids)
         slot = None
         rows = self._take_rows(batch)
-        lent = ()
+        lent: list = []
         try:
             sockets, lent = self._loans.lend(batch_id, batch)
             frames, pieces, nbytes = layout(batch, rows, sockets)
-            block, slot = place_block(self._memory.input_arena, pieces, nbytes)
-            future = self._loop.create_future()
+            arena, loop = self._memory.input_arena, self._loop
+            assert arena is not None and loop is not None  # begin() and the start made them
+            block, slot = place_block(arena, pieces, nbytes)
+            future = loop.create_future()
             self._regions.map_batch(batch)
             plain = []  # (row, request) of the requests without a stream
             if self._hangs.timeout:
@@ -114,31 +116,37 @@ class BatchDispatch:
             self.pending.pop(batch_id, None)
             return_unwritten(lent)
             self._memory.free_block(slot)
+            allocator = self.rows
+            assert allocator is not None  # _take_rows used it
             for row, req in zip(rows, batch):
                 self.streams.pop(row, None)
-                self.rows.give_back(row)
+                allocator.give_back(row)
                 req.held = None
             raise
         return future
 
     def _take_rows(self, batch: list) -> list:
         rows = []
+        allocator, table = self.rows, self._memory.table
+        assert allocator is not None and table is not None  # begin() and the start made them
         for req in batch:
             stream = req.stream
-            if stream is not None and self.streams.get(stream.row) is stream:
-                # A rescheduled request of an iterative sequence keeps its row, and with it
-                # the count of responses its reader consumed.
-                rows.append(stream.row)
-                continue
-            row = self.rows.take()
+            if stream is not None:
+                kept = stream.row
+                if self.streams.get(kept) is stream:
+                    # A rescheduled request of an iterative sequence keeps its row, and with
+                    # it the count of responses its reader consumed.
+                    rows.append(kept)
+                    continue
+            row = allocator.take()
             if row is None:
                 for req, taken in zip(batch, rows):
                     if req.stream is None or self.streams.get(taken) is not req.stream:
-                        self.rows.give_back(taken)
+                        allocator.give_back(taken)
                 raise ServerError(Code.UNAVAILABLE, f"model instance "
                                                     f"'{self._instance.instance_name}' holds "
                                                     f"too many requests")
-            self._memory.table.reset(row)
+            table.reset(row)
             rows.append(row)
         return rows
 
@@ -148,6 +156,7 @@ class BatchDispatch:
             return
         if msg.final:
             del self.streams[msg.row]
+            assert self.rows is not None  # the row came from it
             self.rows.give_back(msg.row)
             if self._hangs.timeout:
                 self._received.pop(msg.row, None)
@@ -163,8 +172,10 @@ class BatchDispatch:
             return
         future, slot, plain, count, lent = sent
         self._memory.free_block(slot)
+        allocator = self.rows
+        assert allocator is not None  # the rows came from it
         for row, req in plain:
-            self.rows.give_back(row)
+            allocator.give_back(row)
             req.held = None
         if lent:
             self._loans.answered(msg.batch_id, lent, msg.responses)
@@ -205,8 +216,10 @@ class BatchDispatch:
                 continue
             else:
                 _, offset, nbytes = loc
+                output_buf = self._memory.output_buf
+                assert output_buf is not None  # a process that writes outputs has its arena
                 outputs.append(WorkOutput(t.name, t.datatype, t.shape,
-                                          self._memory.output_buf[offset:offset + nbytes],
+                                          output_buf[offset:offset + nbytes],
                                           offset))
                 slots.append(offset)
                 continue

@@ -55,7 +55,7 @@ class FrontSpin:
         self._crowded_streams = 0  # of those, the ones not lone
         self._stream_until = 0.0  # and the last one's linger
         self.spinning = False
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def watch(self, batch: asyncio.Future) -> None:
         """`batch` was just sent to a worker: poll for `spin_us`, and again for `spin_us`
@@ -92,8 +92,8 @@ class FrontSpin:
             self.spinning = True
             # The batch's loop, not get_running_loop(): on Python 3.11 that is a getpid()
             # system call, and a turn of the spin should cost as little as it can.
-            self._loop = batch.get_loop()
-            self._loop.call_soon(self._turn)
+            loop = self._loop = batch.get_loop()
+            loop.call_soon(self._turn)
 
     def _wanted(self) -> bool:
         now = self._clock()
@@ -106,6 +106,7 @@ class FrontSpin:
     def _turn(self) -> None:
         if self._wanted():
             os.sched_yield()
+            assert self._loop is not None  # _start set it before the first turn
             self._loop.call_soon(self._turn)
         else:
             self.spinning = False

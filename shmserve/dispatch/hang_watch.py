@@ -33,20 +33,24 @@ class HangWatch:
     def work_sent(self, idle: bool) -> None:
         """A batch is about to be sent to an instance that held nothing (`idle`) or some:
         silence counts from now if it was idle."""
+        loop = self.loop
+        assert loop is not None  # work is sent only to a started instance
         if idle:
-            self.last_frame = self.loop.time()
+            self.last_frame = loop.time()
         if self._timer is None:
-            self._timer = self.loop.call_at(self.last_frame + self.timeout, self._check)
+            self._timer = loop.call_at(self.last_frame + self.timeout, self._check)
 
     def _check(self) -> None:
         self._timer = None
         if not self._busy():
             return  # disarmed until work comes again
-        now = self.loop.time()
+        loop = self.loop
+        assert loop is not None  # armed by work_sent
+        now = loop.time()
         if self._readers_behind():
             self.last_frame = now  # a sender held back by its slow reader is not hung
         due = self.last_frame + self.timeout
         if now < due:
-            self._timer = self.loop.call_at(due, self._check)
+            self._timer = loop.call_at(due, self._check)
             return
         self._hung()

@@ -71,10 +71,14 @@ class InstanceMemory:
 
     def init_fields(self) -> dict:
         """The segments' fields of the Init frame that hands them to the worker."""
-        return dict(input_arena=self.input_arena.name, output_arena=self._output_arena.name,
-                    request_table=self.table.segment.name,
+        input_arena, output_arena, table = self.input_arena, self._output_arena, self.table
+        bls_arena = self._bls_arena
+        assert input_arena is not None and output_arena is not None  # create() made them
+        assert table is not None and bls_arena is not None
+        return dict(input_arena=input_arena.name, output_arena=output_arena.name,
+                    request_table=table.segment.name,
                     state_arena=self._state_arena.name if self._state_arena is not None else "",
-                    wake_fd=self.table.wake_fd, bls_arena=self._bls_arena.name)
+                    wake_fd=table.wake_fd, bls_arena=bls_arena.name)
 
     def free_block(self, slot: Optional[int]) -> None:
         """A batch's input block is done with: its input-arena slot, if it had one, is free

@@ -10,7 +10,7 @@ own BLS arena (`bls_slice`).
 
 from typing import Callable
 
-from shmserve.dispatch.memory_regions import CudaRegion, Region, RegionSlice
+from shmserve.dispatch.memory_regions import CudaRegion, Region, RegionSlice, SystemRegion
 from shmserve.ipc import messages
 
 
@@ -76,5 +76,6 @@ def _map_message(region: Region):
     if isinstance(region, CudaRegion):
         return messages.MapCudaRegion(region.region_id, region.raw_handle, region.device_id,
                                       region.byte_size)
+    assert isinstance(region, SystemRegion)  # the only other kind of region
     return messages.MapSystemRegion(region.region_id, region.key, region.offset,
                                     region.byte_size, list(region.identity))

@@ -46,8 +46,8 @@ class SocketLoans:
         (index in the batch, answer)."""
         if self._lender is None:
             return None, []
-        fds = []
-        index_of = {}  # descriptor -> its index in fds: an HTTP/2 connection is sent once
+        fds: list[int] = []
+        index_of: dict[int, int] = {}  # descriptor -> its index in fds: an HTTP/2 connection is sent once
         sockets = []
         lent = []
         for i, req in enumerate(batch):

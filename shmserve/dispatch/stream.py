@@ -25,7 +25,7 @@ class ResponseStream:
         reading keeps the machine busy (dispatch/front_spin.py)."""
         self._loop = loop
         self.lone = lone
-        self._items = collections.deque()  # (WorkResponse or None, final)
+        self._items: collections.deque = collections.deque()  # (WorkResponse or None, final)
         self._waiter: Optional[asyncio.Future] = None
         self._table = None
         self._row = -1

@@ -79,6 +79,7 @@ class Supervisor:
                 await inst.stop()  # unloaded while it was starting
                 return
             log.info("model instance '%s' is back (pid %s)", inst.instance_name, inst.pid)
+            assert pool is not None  # instance_exited found it
             pool.instance_back(inst)
             return
 

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from shmserve.dispatch.batch_dispatch import BatchDispatch
 from shmserve.dispatch.batch_layout import INLINE_THRESHOLD
@@ -60,7 +60,7 @@ class WorkerHandle:
         batches (see front_spin.py), if given."""
         self.instance_name = instance_name
         self._spin_us = spin_us
-        self._init_args = dict(model_name=model_name, model_version=model_version,
+        self._init_args: dict[str, Any] = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,
                                model_config=model_config, instance_name=instance_name,
                                instance_kind=instance_kind, device_id=device_id,
@@ -124,10 +124,12 @@ class WorkerHandle:
         lent = self._loans.open()
         lent_fd = lent.fileno()  # the worker's, under the same number
         process = self._process = WorkerProcess(self._log_context)
+        assert self._memory.table is not None  # create() made it
+        wake_fd = self._memory.table.wake_fd
         try:
             # The front's pid: the worker cleans up after a front that was killed.
             await process.spawn((str(child.fileno()), str(self._spin_us), str(os.getpid())),
-                                pass_fds=(child.fileno(), self._memory.table.wake_fd, lent_fd,
+                                pass_fds=(child.fileno(), wake_fd, lent_fd,
                                           self._metrics.fd))
             self._ready = loop.create_future()
             _, self._channel = await loop.create_unix_connection(
@@ -203,6 +205,7 @@ class WorkerHandle:
         # Closing our end first makes a worker blocked on its socket see EOF and exit.
         if self._channel is not None:
             self._channel.close()
+        assert self._process is not None  # start and stop reap only a spawned process
         await self._process.reap(timeout)
         self._loans.close()
         self._destroy_memory()
@@ -213,6 +216,7 @@ class WorkerHandle:
 
     def _send(self, msg) -> None:
         """Send a frame to the current process; ConnectionError when it is gone."""
+        assert self._channel is not None  # frames are sent only once a process has started
         self._channel.send(msg)
 
     async def fresh_custom_metrics(self, timeout: float) -> None:
@@ -220,6 +224,7 @@ class WorkerHandle:
         `custom_metrics` holds values as they were at this call, or newer), `timeout`
         seconds at most: a worker that does not answer in time shows its last values."""
         if self.alive:
+            assert self._loop is not None  # set by start
             await self._metrics.fresh(self._loop, timeout)
 
     def _on_closed(self, exc) -> None:
@@ -232,6 +237,7 @@ class WorkerHandle:
         # The socket closes first when the process dies: its exit code, which _watch_exit
         # reports in a moment, tells the client more. Only a process that closed its end and
         # lives on is left for this to fail.
+        assert self._loop is not None  # set by start, before the connection
         self._loop.call_later(EXIT_REPORT_WAIT_S, self._fail_pending_of,
                               self._batches.generation, "closed its connection to the server")
 
@@ -241,6 +247,7 @@ class WorkerHandle:
 
     async def _watch_exit(self) -> None:
         process = self._process
+        assert process is not None  # watched once spawned
         code = await process.exit_code()
         unexpected = self._running
         self._running = False
@@ -296,6 +303,7 @@ class WorkerHandle:
             return False
         if self._readiness is None or self._readiness.done():
             self._readiness = asyncio.get_running_loop().create_future()
+            assert self._channel is not None  # alive: started
             try:
                 self._channel.send(messages.CheckReady())
             except ConnectionError:
@@ -315,6 +323,7 @@ class WorkerHandle:
     def _on_message(self, msg) -> None:
         hangs = self._hangs
         if hangs.timeout:
+            assert self._loop is not None  # set by start, before the connection
             hangs.last_frame = self._loop.time()
         if isinstance(msg, messages.StreamResponse):
             self._batches.stream_response(msg)
@@ -343,8 +352,11 @@ class WorkerHandle:
 
     def reply(self, msg: messages.ServerReply) -> bool:
         """Answer a ServerCall; False when the worker is gone."""
+        channel = self._channel
+        if channel is None:  # no process yet (it was an AttributeError, caught below)
+            return False
         try:
-            self._channel.send(msg)
+            channel.send(msg)
         except (ConnectionError, AttributeError):
             return False
         return True

@@ -53,9 +53,11 @@ class WorkerProcess:
 
     async def exit_code(self) -> str:
         """How it ended, once it has: 'code 3', 'code -9 (SIGKILL)'."""
+        assert self._proc is not None  # asked only of a spawned process
         return exit_text(await self._proc.wait())
 
     def kill(self) -> None:
+        assert self._proc is not None  # the caller checked `running`
         try:
             self._proc.kill()
         except ProcessLookupError:  # exited already; its exit is reported all the same

@@ -37,7 +37,7 @@ class FrameSplitter:
         self._filled = 0
 
     def feed(self, data) -> list:
-        bodies = []
+        bodies: list = []
         if self._body is not None:
             data = self._fill(memoryview(data), bodies)
             if not data:

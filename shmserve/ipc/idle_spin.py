@@ -79,8 +79,10 @@ class IdleSpin:
         if sample is None:
             self._sample, self.allowed = None, False
             return
-        busy = sample[0] - self._sample[0]
-        total = sample[1] - self._sample[1]
+        previous = self._sample
+        assert previous is not None  # only should_spin calls it, past its check of _sample
+        busy = sample[0] - previous[0]
+        total = sample[1] - previous[1]
         self._sample, self._checked = sample, now
         if self.allowed:
             self._polled_intervals += 1

@@ -87,7 +87,8 @@ class TensorRef:
     # Output: bytes (inline data), (OUTPUT_ARENA, offset, nbytes), a slot of the output arena,
     # (CLIENT_REGION, region_id, nbytes), or (DEVICE_MEMORY, raw_handle, device_id, offset,
     # nbytes, keep_id).
-    location: Union[bytes, tuple, list]
+    # None only while batch_layout.layout places a batch's inputs.
+    location: Union[bytes, tuple, list, None]
 
     def to_wire(self) -> list:
         return [self.name, self.datatype, self.shape, self.location]
@@ -465,7 +466,7 @@ class MetricsReport:
         return MetricsReport(w[1], w[2])
 
 
-_BY_TAG = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
+_BY_TAG: dict[int, Any] = {INIT: Init, READY: Ready, EXECUTE: Execute, RESULT: Result, RELEASE: Release,
            SHUTDOWN: Shutdown, BYE: Bye, STREAM_RESPONSE: StreamResponse,
            MAP_SYSTEM_REGION: MapSystemRegion, MAP_CUDA_REGION: MapCudaRegion,
            UNMAP_REGION: UnmapRegion, CHECK_READY: CheckReady, READY_STATE: ReadyState,

@@ -126,7 +126,9 @@ class RequestTable:
             rows[row, WAKE_AT] = 0
 
     def close(self) -> None:
-        self._rows = self._mark = None
+        # Drops the numpy views so that the segment can unmap; a closed table is never used
+        # again, so its methods keep the views' type (no None check on the hot path).
+        self._rows = self._mark = None  # type: ignore[assignment]
         self._bytes.release()
         self.segment.close()
 

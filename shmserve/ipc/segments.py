@@ -154,6 +154,7 @@ class Segment:
         buffer, mapping = self._buffer, self._mmap
         if buffer is None:
             return
+        assert mapping is not None  # set and cleared together with _buffer
         self._buffer = self._mmap = None
         buffer.release()
         try:

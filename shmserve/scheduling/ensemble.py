@@ -40,7 +40,9 @@ from shmserve.dispatch.work_types import BatchTimings, WorkOutput, WorkResponse
 from shmserve.errors import Code, ModelError, ServerError, invalid_arg
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
-from shmserve.proto import DataType, ModelInstanceGroup
+# The message classes are made at import (globals().update in shmserve/proto), out of mypy's
+# sight.
+from shmserve.proto import DataType, ModelInstanceGroup  # type: ignore[attr-defined]
 
 __all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "EnsembleScheduler"]
 
@@ -103,7 +105,7 @@ class EnsemblePlan:
                 on_gpu.add(index)
         decoupled = _decoupled_flow(name, config, plan_steps)
         producer = {}
-        consumers = {}
+        consumers: dict = {}
         for s in plan_steps:
             for tensor in s.output_map.values():
                 producer[tensor] = s.index
@@ -550,6 +552,7 @@ class _Run:
                 if o.device is not None:
                     ref = o.device
                 elif o.offset >= 0:
+                    assert response.arena is not None  # an output in an arena comes with it
                     ref = RegionSlice(response.arena, o.offset, len(o.data))
                 elif targets and o.name in targets:
                     ref = _written(targets[o.name], o, tensor)

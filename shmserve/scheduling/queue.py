@@ -67,7 +67,7 @@ class Pending:
         self.future = future
         self.state = QUEUED
         self.delayed = False
-        self.timer = None  # handle of the queue-timeout timer, if any
+        self.timer: Optional[asyncio.TimerHandle] = None  # handle of the queue-timeout timer, if any
         self.deadline_ns = 0
         self.outcome = None  # set once answered, while it waits for preserve_ordering
 
@@ -82,8 +82,9 @@ class RequestQueue:
         level_policies = level_policies or {}
         self._policies = [level_policies.get(n, default_policy) for n in range(1, self.levels + 1)]
         # Per level: requests in arrival order, then those delayed by a timeout.
-        self._main = [collections.deque() for _ in range(self.levels)]
-        self._delayed = [collections.deque() for _ in range(self.levels)]
+        self._main: list[collections.deque] = [collections.deque() for _ in range(self.levels)]
+        self._delayed: list[collections.deque] = [collections.deque()
+                                                  for _ in range(self.levels)]
         self._size = 0
 
     @classmethod
@@ -144,7 +145,7 @@ class RequestQueue:
 
     def take(self, count: int) -> list:
         """Remove and return the first `count` requests in batch order."""
-        taken = []
+        taken: list = []
         for main, delayed in zip(self._main, self._delayed):
             for q in (main, delayed):
                 while q and len(taken) < count:

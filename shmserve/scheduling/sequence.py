@@ -38,6 +38,7 @@ import collections
 import functools
 import itertools
 import logging
+from typing import Optional
 
 from shmserve.dispatch.pool import batch_error
 from shmserve.dispatch.work_types import WorkInput, WorkRequest
@@ -72,8 +73,8 @@ class _Sequence:
 
     def __init__(self, correlation_id, now_ns: int):
         self.correlation_id = correlation_id
-        self.slot = None  # None while in the backlog
-        self.queue = collections.deque()  # of _Request
+        self.slot: Optional[_Slot] = None  # None while in the backlog
+        self.queue: collections.deque = collections.deque()  # of _Request
         self.running = 0  # its requests now in a batch
         self.last_ns = now_ns  # last arrival or completion, for the idle timeout
         self.ended = False
@@ -86,7 +87,7 @@ class _Slot:
         self.instance = instance
         self.position = position  # numbers the instance, in the order the batcher got them
         self.index = index
-        self.sequence = None
+        self.sequence: Optional[_Sequence] = None
 
     @property
     def order(self) -> tuple:
@@ -116,14 +117,14 @@ class SequenceBatcher:
         # Batches each instance (by position) is running. An iterative model's instance runs
         # one at a time: a request that arrives during a step joins the next one with the
         # rescheduled requests, rather than run beside them in a batch of its own.
-        self._busy = collections.Counter()
+        self._busy: collections.Counter = collections.Counter()
         self._free = sorted((s for slots in self._slots for s in slots), key=lambda s: s.order)
         self._retiring: set = set()  # instances removed that still hold sequences
         self._sequences: dict = {}  # correlation id -> _Sequence that requests may still join
         self._live: set = set()  # every _Sequence that has not ended, joinable or not
         self._backlog: collections.deque = collections.deque()  # of _Sequence without a slot
         self._next_id = 1  # for iterative requests that come without a correlation id
-        self._reaper = None
+        self._reaper: Optional[asyncio.TimerHandle] = None
         self._wake = Alarm(self._timer, self._schedule)  # a partial batch's queue delay
         self._scheduling = False
         self._schedule_soon = False
@@ -378,6 +379,7 @@ class SequenceBatcher:
                     oldest = head
         if not ready:
             return [], 0
+        assert oldest is not None  # set with every count of `ready`
         if ready < self._min_ready and now < oldest + self._delay_ns:
             return [], oldest + self._delay_ns
         return [(slot, slot.sequence.queue[0] if slot.sequence and slot.sequence.queue
@@ -444,8 +446,9 @@ class SequenceBatcher:
         if batch.cancelled():  # the loop is shutting down
             self._failed(inst, position, taken, asyncio.CancelledError())
             return
-        if batch.exception() is not None:
-            self._failed(inst, position, taken, batch.exception())
+        exc = batch.exception()
+        if exc is not None:
+            self._failed(inst, position, taken, exc)
             return
         responses, timings = batch.result()
         self._busy[position] -= 1

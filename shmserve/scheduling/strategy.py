@@ -203,6 +203,8 @@ def _import(path: str, model_name: str) -> types.ModuleType:
     tag = re.sub(r"\W", "_", model_name)
     name = f"_shmserve_batch_strategy_{tag}_{next(_module_ids)}"
     spec = importlib.util.spec_from_file_location(name, path)
+    # A path ending in .py always has a spec, with a source loader.
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # Registered while it runs, as for any import (dataclasses and pickle look it up there).
     sys.modules[name] = module
