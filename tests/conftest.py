@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,3 +267,14 @@ def no_leaked_segments():
     leaked = [n for n in shm_entries() - before
               if int(n.split(".")[1]) in STARTED_PIDS or not alive(int(n.split(".")[1]))]
     assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
+
+
+_E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/e2e/ talks to a real server process: it is marked `e2e`, so that
+    `pytest -m "not e2e"` runs the unit tests only."""
+    for item in items:
+        if item.path.is_relative_to(_E2E):
+            item.add_marker(pytest.mark.e2e)

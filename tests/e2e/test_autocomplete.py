@@ -6,6 +6,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+# Among the longest modules of the suite (pytest --durations): -m "not slow" skips it.
+pytestmark = pytest.mark.slow
+
 
 def test_served_config_is_the_completed_one(server):
     with httpclient.InferenceServerClient(server.http_url) as http:

@@ -19,6 +19,8 @@ cupy = pytest.importorskip("cupy", reason="CUDA shared memory needs cupy (pip in
 if gpu_count() == 0:
     pytest.skip("CUDA shared memory needs an NVIDIA GPU", allow_module_level=True)
 
+pytestmark = pytest.mark.gpu
+
 # Whole cudaMalloc allocations, as tritonclient's cuda_shared_memory makes: an IPC handle names
 # an allocation, and a pooled array may start inside one.
 cupy.cuda.set_allocator(None)

@@ -21,6 +21,8 @@ pytest.importorskip("cupy", reason="GPU tensors between steps need cupy (pip ins
 if gpu_count() == 0:
     pytest.skip("GPU tensors between steps need an NVIDIA GPU", allow_module_level=True)
 
+pytestmark = pytest.mark.gpu
+
 CLIENTS = {"http": httpclient, "grpc": grpcclient}
 MIB = 1 << 20
 

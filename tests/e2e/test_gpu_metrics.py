@@ -20,6 +20,8 @@ pynvml = pytest.importorskip("pynvml", reason="GPU metrics need nvidia-ml-py (pi
 if gpu_count() == 0:
     pytest.skip("GPU metrics need an NVIDIA GPU", allow_module_level=True)
 
+pytestmark = pytest.mark.gpu
+
 GAUGES = ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
           "nv_gpu_power_usage", "nv_gpu_power_limit")
 ENERGY = "nv_energy_consumption"

@@ -22,6 +22,9 @@ from tritonclient.grpc import service_pb2
 
 from tests.conftest import start_server, stop_server
 
+# Among the longest modules of the suite (pytest --durations): -m "not slow" skips it.
+pytestmark = pytest.mark.slow
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
     0, 1, 3, 4, 6, 7, 8, 9)

@@ -19,6 +19,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, start_server, stop_server
 
+# Among the longest modules of the suite (pytest --durations): -m "not slow" skips it.
+pytestmark = pytest.mark.slow
+
 LIFE = os.path.join(ROOT, "tests", "models", "_instance_life")
 
 

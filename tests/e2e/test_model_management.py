@@ -22,6 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, start_server, stop_server
 
+# Among the longest modules of the suite (pytest --durations): -m "not slow" skips it.
+pytestmark = pytest.mark.slow
+
 SCALE_MODEL = '''
 import json
 import numpy as np

@@ -21,6 +21,9 @@ torch = pytest.importorskip("torch")
 from tests.conftest import (random_values, run_sequences, start_server, stop_server,  # noqa: E402
                             wait_for_models)
 
+# Among the longest modules of the suite (pytest --durations): -m "not slow" skips it.
+pytestmark = pytest.mark.slow
+
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
 
