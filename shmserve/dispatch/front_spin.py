@@ -29,15 +29,15 @@ import time
 
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US, STREAM_MIN_IDLE_CORES, IdleSpin
 
-# The front saw the next request 1.4-5.5 ms (p10-p90) after a stream ended, yet 200 ms gave
-# faster first responses than 20 ms (0.69 against 0.72 ms) and than 50 ms (0.71 against 0.76)
-# in the runs that compared them; the gate closes it sooner whenever the machine gets busy.
+# How long the front keeps polling after a stream ends: a client's next request comes a few
+# milliseconds later, and lingering past that gap gave faster first responses than shorter
+# lingers in the runs that compared them; the gate closes it sooner whenever the machine gets
+# busy. Measured in perf/bench_streaming.py (perf/findings/2026-11-streaming.md).
 STREAM_LINGER_S = 0.2
-# With the linger under STREAM_MIN_IDLE_CORES, the median time to first response at
-# concurrency 1 went from 0.97 to 0.78 ms in alternating rounds (Triton 0.88 ms in that run);
-# with lone streams polled under it too, here and in their worker, from 0.73 to 0.67 ms
-# (Triton 0.80). perf_analyzer streaming at concurrency 8 and 32 kept its throughput and CPU
-# time: its streams are not lone.
+# The linger applies under STREAM_MIN_IDLE_CORES, and lone streams are polled under it too,
+# here and in their worker: both shortened the time to first response at concurrency 1, while
+# perf_analyzer streaming at concurrency 8 and 32 kept its throughput and CPU time, its
+# streams not being lone (same findings).
 
 
 class FrontSpin:

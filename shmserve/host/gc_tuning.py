@@ -38,8 +38,8 @@ class GcTuner:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Called once startup has built what lives as long as the server."""
         # Out of the collector's sight, a full collection scans only what requests leave
-        # behind: on the 2-core reference machine full collections took 20-40 ms, several
-        # times a second under load, and set the p99 latency.
+        # behind: full collections of the whole heap, several a second under load, set the
+        # p99 latency on the 2-core reference machine.
         gc.freeze()
         if self._saved is not None:
             return

@@ -18,19 +18,19 @@ import time
 
 DEFAULT_SPIN_US = 300
 # A decoupled model's worker polls longer: a client reading a stream sends its next request
-# once it has read the last response, 1.4-5.5 ms (p10-p90) after the front saw the stream end
-# in repeat's benchmark, and a worker woken from a virtual CPU that slept that long reaches its
-# first response slower. With the front polling through that gap too (dispatch/front_spin.py),
-# polling 5 or 20 ms here took the median time to first response at concurrency 1 from 0.76 to
-# 0.65 ms in alternating rounds (Triton 0.63).
+# once it has read the last response, milliseconds after the front saw the stream end, and a
+# worker woken from a virtual CPU that slept that long reaches its first response slower. With
+# the front polling through that gap too (dispatch/front_spin.py), polling that long here
+# shortened the median time to first response at concurrency 1 to Triton's
+# (perf/findings/2026-11-streaming.md).
 STREAM_SPIN_US = 20_000
 MIN_IDLE_CORES = 0.75
-# For a client that waits on its stream alone: reading 100 responses a request keeps it busy,
-# and repeat's latency rounds (one such client, no polling) left a median 0.44 cores idle
-# (p10 0.36) in 50 ms intervals, so under MIN_IDLE_CORES the front and the worker would hardly
-# ever poll for it. Where many streams are open, MIN_IDLE_CORES stays: polling with this
-# threshold then cost perf_analyzer's streaming at concurrency 8 and 32 about a tenth of its
-# throughput (see dispatch/front_spin.py for where the front uses which).
+# For a client that waits on its stream alone: reading a stream's responses keeps it busy, and
+# the idle cores measured in repeat's latency rounds (one such client, no polling) stayed under
+# MIN_IDLE_CORES, so with it the front and the worker would hardly ever poll for it. Where many
+# streams are open, MIN_IDLE_CORES stays: polling with this threshold then cost perf_analyzer's
+# streaming at concurrency 8 and 32 part of its throughput (perf/findings/2026-11-streaming.md;
+# dispatch/front_spin.py says where the front uses which).
 STREAM_MIN_IDLE_CORES = 0.3
 CHECK_S = 0.05
 SPIN_INTERVALS = 7
