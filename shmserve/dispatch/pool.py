@@ -22,8 +22,8 @@ requests as the latest batch the instance was sent (try_acquire's `size`). Under
 sent the moment there is room holds only what came since the last one left: batches halve,
 and the costs paid once per batch (a frame each way, a wake-up, the model's call) are paid
 twice as often. Held back, the batch grows until it matches, or goes as it is when the
-instance frees (perf_analyzer, identity_fp32, gRPC, medians of 3: server CPU per request at
-concurrency 32 86.4 -> 81.0 µs; infer/s at 8 8,848 -> 9,580, at 32 12,144 -> 12,416).
+instance frees (less server CPU per request, more infer/s: perf/findings/
+2026-11-front-tuning.md).
 """
 
 import asyncio

@@ -2,12 +2,10 @@
 
 Python collects its youngest generation whenever container objects allocated and still alive
 outnumber those freed by 700. A busy front has a few thousand such objects in flight
-(futures, coroutines, frames, the lists of a batch), so at gRPC concurrency 32 on the 2-core
-reference machine it ran a young collection every 45 requests, about 85 µs each: 2 µs of
-every request, on the one thread all requests pass through. With the threshold at
+(futures, coroutines, frames, the lists of a batch), so under load it ran a young collection
+every few dozen requests, on the one thread all requests pass through. With the threshold at
 YOUNG_THRESHOLD requests trigger no collection there (what they allocate, they free; cycles
-are rare). perf_analyzer, identity_fp32, alternating server runs: gRPC c32 11,319 -> 11,929
-infer/s on average (6 runs each, every pair better), HTTP c64 12,178 -> 12,581 (4 each).
+are rare), and the server serves more (perf/findings/2026-11-front-tuning.md).
 
 A count of objects says nothing of their size, though: a cycle that holds a request's tensors
 (an exception kept with its traceback, say) would wait for 10,000 more objects, however long

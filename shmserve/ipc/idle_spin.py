@@ -1,11 +1,11 @@
 """Busy-polling a worker's socket between batches, while the machine has a core to spare.
 
 A worker that blocks in recv() after a batch is woken by the kernel when the next frame comes,
-and on a VM a wake-up costs 20-40 microseconds (an idle virtual CPU must be woken): at low
-load most of a small request's time in the worker is that wake-up. Polling the socket for a
-while instead catches the next frame awake (perf_analyzer, identity_fp32, concurrency 1:
-3,500 -> 5,000 infer/s over gRPC), but the polling core is lost to everyone else: on a busy
-2-core machine the front and the client need it (concurrency 8: 11 % fewer infer/s).
+and on a VM a wake-up is costly (an idle virtual CPU must be woken): at low load most of a
+small request's time in the worker is that wake-up. Polling the socket for a while instead
+catches the next frame awake, but the polling core is lost to everyone else: on a busy 2-core
+machine the front and the client need it (both measured: perf/findings/
+2026-11-front-tuning.md).
 
 So a worker polls only while the machine has at least MIN_IDLE_CORES idle, as /proc/stat
 tells over intervals of CHECK_S. An interval in which the worker polled says nothing (others

@@ -236,7 +236,7 @@ class DynamicBatcher:
             self._answer(e, (response, timings, dispatched_ns - e.enqueued_ns))
         # The instance takes its next batch one turn of the loop later, after the loop has
         # read the requests that arrived meanwhile: they join that batch rather than the one
-        # after it (perf_analyzer HTTP c8: 3.55 -> 3.85 requests a batch, +3-6 % infer/s).
+        # after it (larger batches, more infer/s: perf/findings/2026-11-front-tuning.md).
         assert self._loop is not None  # set by the submit that queued these entries
         self._loop.call_soon(self._pool.release, inst, timings)
 
