@@ -34,7 +34,7 @@ from shmserve.observability.request_trace import (trace_execution, trace_request
 from shmserve.observability.tracing import Tracer
 from shmserve.scheduling.queue import QueueRejection, queue_full
 
-# The dataplane's logger, as before the lifecycle was a module of its own: JSON logs name it.
+# The dataplane's logger: JSON logs name it, and a log filter may key on it.
 log = logging.getLogger("shmserve.dataplane")
 
 

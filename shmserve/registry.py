@@ -6,6 +6,7 @@ from typing import Optional
 
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
+from shmserve.scheduling.protocol import Scheduler
 from shmserve.signature import ModelSignature
 
 READY = "READY"
@@ -27,7 +28,7 @@ class ModelVersion:
     state: str = LOADING
     reason: str = ""
     pool: object = None
-    scheduler: object = None
+    scheduler: Optional[Scheduler] = None
     stats: ModelStats = field(default_factory=ModelStats)
     load_seconds: float = 0.0
     labels: dict = field(default_factory=dict)  # output name -> its label_filename's labels
