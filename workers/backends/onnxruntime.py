@@ -192,13 +192,18 @@ _TRT_BOOLS = {"trt_dla_enable", "trt_engine_cache_enable", "trt_dump_subgraphs",
               "trt_layer_norm_fp32_fallback", "trt_timing_cache_enable",
               "trt_force_timing_cache", "trt_detailed_build_log",
               "trt_build_heuristics_enable", "trt_sparsity_enable", "trt_cuda_graph_enable",
-              "trt_dump_ep_context_model"}
+              "trt_dump_ep_context_model", "trt_int8_use_native_calibration_table"}
 _TRT_INTS = {"trt_max_partition_iterations", "trt_min_subgraph_size", "trt_dla_core",
              "trt_builder_optimization_level", "trt_auxiliary_streams",
-             "trt_ep_context_embed_mode"}
+             "trt_ep_context_embed_mode", "trt_max_workspace_size"}
 _TRT_STRINGS = {"trt_engine_cache_path", "trt_engine_cache_prefix", "trt_timing_cache_path",
                 "trt_tactic_sources", "trt_extra_plugin_lib_paths", "trt_profile_min_shapes",
-                "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_ep_context_file_path"}
+                "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_ep_context_file_path",
+                "trt_int8_calibration_table_name"}
+# Triton's names of three of them.
+_TRT_RENAMED = {"max_workspace_size_bytes": "trt_max_workspace_size",
+                "int8_calibration_table_name": "trt_int8_calibration_table_name",
+                "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table"}
 _PRECISIONS = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
 
 
@@ -274,18 +279,16 @@ def _tensorrt_options(values: dict, model: str) -> dict:
             elif value != "FP32":
                 raise BackendError(f"unsupported precision mode '{value}' is requested")
             continue
-        name = {"max_workspace_size_bytes": "trt_max_workspace_size",
-                "int8_calibration_table_name": "trt_int8_calibration_table_name",
-                "int8_use_native_calibration_table":
-                    "trt_int8_use_native_calibration_table"}.get(key, key)
-        if name in _TRT_BOOLS or name == "trt_int8_use_native_calibration_table":
+        name = _TRT_RENAMED.get(key, key)
+        if name in _TRT_BOOLS:
             bool_parameter(values, key, model)
-        elif name in _TRT_INTS or name == "trt_max_workspace_size":
-            if int_parameter(values, key, model, 0) < 0 and name == "trt_max_workspace_size":
+        elif name in _TRT_INTS:
+            count = int_parameter(values, key, model, 0)
+            if count < 0 and name == "trt_max_workspace_size":
                 raise BackendError(f"unable to load model '{model}': parameter '{key}': "
                                    f"failed to convert '{value}' to unsigned long long "
                                    "integral number")
-        elif name not in _TRT_STRINGS and name != "trt_int8_calibration_table_name":
+        elif name not in _TRT_STRINGS:
             raise BackendError(f"unknown parameter '{key}' is provided for TensorRT "
                                "Execution Accelerator")
         options[name] = value
