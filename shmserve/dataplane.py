@@ -248,6 +248,13 @@ class DataPlane:
         """Requests admitted and not yet answered, of every model: what a drain waits for."""
         return self.lifecycle.in_flight
 
+    def model_directory(self, name: str) -> str | None:
+        """The directory of model `name` in the repositories (None without one: a model
+        loaded from an upload, or a server without a repository)."""
+        if self.models is None:
+            return None
+        return self.models.model_directory(name)
+
     def signature(self, name: str, version: str = ""):
         return self.registry.get(name, version).signature
 

@@ -10,6 +10,8 @@ import logging
 import re
 import sys
 
+from jinja2 import TemplateError
+
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY, parse_backend_config
 from shmserve.dataplane import MAX_MESSAGE_SIZE
 from shmserve.dispatch.pool import DEFAULT_PIPELINE_BELOW_US
@@ -25,6 +27,8 @@ from shmserve.ipc.priority import set_front_nice
 from shmserve.observability import logs
 from shmserve.observability.summaries import DEFAULT_QUANTILES, parse_quantiles
 from shmserve.observability.tracing import settings_from_flags
+from shmserve.openai import chat_templates
+from shmserve.openai import restrictions as openai_restricted_api
 
 # tritonserver flags that exist but that shmserve does not implement (yet).
 UNSUPPORTED_FLAGS = (
@@ -279,6 +283,24 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="<category>[,<category>...]:<header>=<value>",
                        help="answer these API categories only to requests carrying the header "
                             f"(categories: {', '.join(restricted_api.CATEGORIES)})")
+    p.add_argument("--openai-port", type=_non_negative_int, default=0, metavar="PORT",
+                   help="serve the OpenAI-compatible routes on this port too (on --http-address;"
+                        " they are always served on the HTTP port; 0: not; Triton's OpenAI "
+                        "frontend listens on 9000)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a Hugging Face tokenizer folder whose chat template renders "
+                        "/v1/chat/completions' messages (a model's own <model>/tokenizer/ "
+                        "folder comes first)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template replacing the tokenizer's")
+    p.add_argument("--default-max-tokens", type=_non_negative_int, default=16, metavar="N",
+                   help="max_tokens sent to a model when an OpenAI request gives none "
+                        "(default 16, as Triton's frontend)")
+    p.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                   metavar=("APIS", "HEADER", "VALUE"),
+                   help="answer these OpenAI API groups (comma-separated: inference, "
+                        "model-repository, metrics, health) only to requests whose HEADER is "
+                        "VALUE; others get 401")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache, for models whose config enables it: only the "
                         "'local' cache (size in bytes)")
@@ -362,6 +384,14 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
     except restricted_api.RestrictionError as exc:
         build_parser().error(str(exc))
     try:
+        openai_restrictions = openai_restricted_api.parse(args.openai_restricted_api)
+    except ValueError as exc:
+        build_parser().error(f"--openai-restricted-api: {exc}")
+    try:  # read now so that a bad folder or file stops the server before it starts
+        chat_templates.load(args.tokenizer or "", args.chat_template)
+    except (OSError, ValueError, TemplateError) as exc:
+        build_parser().error(f"--tokenizer/--chat-template: {exc}")
+    try:
         metrics = _metrics_config(args.metrics_config)
     except argparse.ArgumentTypeError as exc:
         build_parser().error(f"--metrics-config {exc}")
@@ -407,6 +437,11 @@ def parse_options(argv) -> tuple[Options, argparse.Namespace]:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         http_restrictions=http_restrictions,
         grpc_restrictions=grpc_restrictions,
+        openai_port=args.openai_port,
+        openai_tokenizer=args.tokenizer,
+        openai_chat_template=args.chat_template,
+        openai_default_max_tokens=args.default_max_tokens,
+        openai_restrictions=openai_restrictions,
         grpc_keepalive_time_ms=args.grpc_keepalive_time,
         grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
         grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,

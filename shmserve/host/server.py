@@ -89,6 +89,14 @@ class Options:
     # API category -> (header, value) that its requests must carry (extensions/restricted_api.py).
     http_restrictions: dict = field(default_factory=dict)
     grpc_restrictions: dict = field(default_factory=dict)
+    # The OpenAI routes (shmserve/openai/): served on the HTTP port, and on openai_port too
+    # when it is not 0; the tokenizer folder and chat template for chat; what
+    # --openai-restricted-api restricts (openai/restrictions.py).
+    openai_port: int = 0
+    openai_tokenizer: str | None = None
+    openai_chat_template: str | None = None
+    openai_default_max_tokens: int = 16
+    openai_restrictions: dict = field(default_factory=dict)
     # gRPC keepalive PINGs (Triton's defaults; ms, as its flags).
     grpc_keepalive_time_ms: int = 7_200_000
     grpc_keepalive_timeout_ms: int = 20_000
@@ -236,22 +244,39 @@ class Server:
                     max_ping_strikes=opts.grpc_http2_max_ping_strikes))
             await self._grpc.start(opts.grpc_address, opts.grpc_port,
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
+        scrape = None
         if opts.allow_metrics:
-            from shmserve.http.metrics_endpoint import build_metrics_server
-            server = build_metrics_server(self.registry,
-                                          allow_cpu_metrics=opts.allow_cpu_metrics,
-                                          allow_gpu_metrics=opts.allow_gpu_metrics,
-                                          interval_ms=opts.metrics_interval_ms,
-                                          counter_latencies=opts.metrics_counter_latencies,
-                                          histogram_latencies=opts.metrics_histogram_latencies)
+            from shmserve.http.metrics_endpoint import MetricsText, build_metrics_server
+            metrics = MetricsText(self.registry,
+                                  allow_cpu_metrics=opts.allow_cpu_metrics,
+                                  allow_gpu_metrics=opts.allow_gpu_metrics,
+                                  interval_ms=opts.metrics_interval_ms,
+                                  counter_latencies=opts.metrics_counter_latencies,
+                                  histogram_latencies=opts.metrics_histogram_latencies)
+            scrape = metrics.scrape
+            server = build_metrics_server(metrics)
             await server.start(opts.metrics_address, opts.metrics_port)
+            self._http_servers.append(server)
+        if opts.allow_http or opts.openai_port:
+            from shmserve.openai import endpoints
+            from shmserve.openai.routes import OpenAIRoutes, OpenAISettings
+            openai_routes = OpenAIRoutes(self.dataplane, OpenAISettings(
+                opts.openai_tokenizer, opts.openai_chat_template, opts.openai_default_max_tokens,
+                opts.openai_restrictions), scrape)
+        if opts.openai_port:
+            server = endpoints.build_openai_server(openai_routes, opts.http_max_input_size,
+                                                   opts.max_inflight_per_connection)
+            await server.start(opts.http_address, opts.openai_port)
             self._http_servers.append(server)
         if opts.allow_http:
             from shmserve.http.app import build_server
+            from shmserve.http.http1 import triton_too_large
             server = build_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.http_header_forward_pattern),
-                opts.http_restrictions, opts.worker_answers)
+                opts.http_restrictions, opts.worker_answers,
+                more_routes=lambda router: endpoints.add_to(router, openai_routes),
+                too_large=endpoints.too_large_on_http_port(triton_too_large))
             await server.start(opts.http_address, opts.http_port)
             self._http_servers.append(server)
             self._http = server
@@ -261,6 +286,8 @@ class Server:
         out = []
         if o.allow_http:
             out.append(f"HTTP {o.http_address}:{o.http_port}")
+        if o.openai_port:
+            out.append(f"OpenAI {o.http_address}:{o.openai_port}")
         if o.allow_grpc:
             out.append(f"gRPC {o.grpc_address}:{o.grpc_port}")
         if o.allow_metrics:

@@ -18,7 +18,8 @@ from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, Decoupled
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.extensions import header_forwarding, restricted_api
 from shmserve.http import codec, compression, generate, raw_request, region_routes
-from shmserve.http.http1 import SENT, HttpServer, Request, Response, error_response
+from shmserve.http.http1 import (SENT, HttpServer, Request, Response, error_response,
+                                 triton_too_large)
 from shmserve.http.prepared_answers import AnswerBook
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.observability.stats import stats_json
@@ -378,7 +379,10 @@ def _guarded(handler, restriction: tuple):
 def build_server(dataplane: DataPlane, max_input_size: int,
                  max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION,
                  header_pattern=None, restrictions: dict | None = None,
-                 prepare_answers: bool = True) -> HttpServer:
+                 prepare_answers: bool = True, more_routes=None,
+                 too_large=triton_too_large) -> HttpServer:
+    """`more_routes(router)` adds routes of another API (the OpenAI routes); `too_large` is
+    the answer to a body over `max_input_size` (HttpServer's)."""
     router = Router()
     routes = _Routes(router, restrictions or {})
     r = HttpRoutes(dataplane, max_input_size, header_pattern, prepare_answers)
@@ -412,6 +416,8 @@ def build_server(dataplane: DataPlane, max_input_size: int,
         routes.add("POST", prefix + "/generate", r.generate, "inference")
         routes.add("POST", prefix + "/generate_stream", r.generate_stream, "inference")
     region_routes.add_routes(routes.of("shared-memory"), dataplane.shared_memory)
+    if more_routes is not None:
+        more_routes(router)
 
     async def handle(request: Request) -> Response | None:
         try:
@@ -424,4 +430,4 @@ def build_server(dataplane: DataPlane, max_input_size: int,
         except MethodNotAllowed:
             return error_response(405, "Method Not Allowed")
 
-    return HttpServer(handle, max_input_size, max_inflight_per_connection)
+    return HttpServer(handle, max_input_size, max_inflight_per_connection, too_large=too_large)

@@ -122,7 +122,7 @@ def _add(request: InferRequest, key: str, value, signature: ModelSignature, batc
         # parameters with the name twice (json.loads of '{"p":1,"p":2}').
         request.parameters[key] = _parameter(key, value)
         return
-    tensor = _input(spec, value, batched)  # as Triton: the value is read first
+    tensor = input_tensor(spec, value, batched)  # as Triton: the value is read first
     if any(t.name == key for t in request.inputs):
         raise invalid_arg(f"[request id: {request.id or '<id_unknown>'}] input '{key}' already "
                           "exists in request")
@@ -155,7 +155,9 @@ def sse_error(message: str) -> bytes:
     return sse_data(orjson.dumps({"error": message}))
 
 
-def _input(spec: TensorSpec, value, batched: bool) -> InputTensor:
+def input_tensor(spec: TensorSpec, value, batched: bool) -> InputTensor:
+    """The input `spec` holding a JSON scalar or flat array, shaped by its config dims (and
+    a batch of 1 for a model that batches)."""
     name = spec.name
     if type(value) is not list:
         value = [value]

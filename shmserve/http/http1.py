@@ -382,7 +382,7 @@ class _Connection(asyncio.Protocol):
         length = headers.get("content-length")
         limit = self.server.max_input_size
         if length is not None and length.isdigit() and int(length) > limit:
-            self._refuse(error_response(400, _too_large(limit)))
+            self._refuse(self.server.too_large(self._url, int(length), limit))
             raise httptools.HttpParserError("body too large")
         coding = headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
@@ -421,7 +421,8 @@ class _Connection(asyncio.Protocol):
         self._unfinished_head = 0
         self._body_bytes += len(body)
         if self._body_bytes > self.server.max_input_size:
-            self._refuse(error_response(400, _too_large(self.server.max_input_size)))
+            self._refuse(self.server.too_large(self._url, self._body_bytes,
+                                               self.server.max_input_size))
             raise httptools.HttpParserError("body too large")
         self._body.append(body)
 
@@ -661,6 +662,10 @@ def _head_too_large() -> Response:
                                f"or a chunked body's trailer does")
 
 
+def triton_too_large(url: bytes, size: int, limit: int) -> Response:
+    return error_response(400, _too_large(limit))
+
+
 def _too_large(limit: int) -> str:
     # 400 as Triton answers it (its INVALID_ARG), with the limit's flag named.
     return (f"request body exceeds the maximum input size (--http-max-input-size) of "
@@ -672,10 +677,14 @@ class HttpServer:
     one TCP address. Once more than `max_inflight` requests of one connection wait behind
     the one being served, the connection is not read until they are down to half."""
 
-    def __init__(self, handle, max_input_size: int, max_inflight: int = 64, on_stop=None):
+    def __init__(self, handle, max_input_size: int, max_inflight: int = 64, on_stop=None,
+                 too_large=None):
+        """`too_large(url, size, limit)`: the answer to a body over `max_input_size` (by
+        default Triton's 400)."""
         self.handle = handle
         self.on_stop = on_stop
         self.max_input_size = max_input_size
+        self.too_large = too_large or triton_too_large
         self.max_inflight = max(1, max_inflight)
         self.connections: set = set()
         self.stopping = False

@@ -8,17 +8,30 @@ from shmserve.observability.metrics import (CUSTOM_METRICS_WAIT_S, build_collect
 from shmserve.registry import Registry
 
 
-def build_metrics_server(registry: Registry, **settings) -> HttpServer:
-    """`settings`: the --metrics-* flags, as build_collectors takes them."""
-    prom, gpu = build_collectors(registry, **settings)
+class MetricsText:
+    """The Prometheus text of the server's collectors, as each scrape reads it: for the
+    metrics port and for the /metrics the OpenAI routes serve beside them."""
 
+    def __init__(self, registry: Registry, **settings):
+        """`settings`: the --metrics-* flags, as build_collectors takes them."""
+        self.registry = registry
+        self.prom, self.gpu = build_collectors(registry, **settings)
+
+    async def scrape(self) -> bytes:
+        await refresh_custom_metrics(self.registry, CUSTOM_METRICS_WAIT_S)
+        return exposition(self.prom)
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+
+
+def build_metrics_server(metrics: MetricsText) -> HttpServer:
     async def handle(request: Request) -> Response:
         if request.path not in ("/metrics", "/metrics/"):
             return error_response(404, "Not Found")
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "Method Not Allowed")
-        await refresh_custom_metrics(registry, CUSTOM_METRICS_WAIT_S)
-        return Response(200, exposition(prom), "text/plain; charset=utf-8")
+        return Response(200, await metrics.scrape(), "text/plain; charset=utf-8")
 
-    return HttpServer(handle, max_input_size=64 * 1024,
-                      on_stop=gpu.close if gpu is not None else None)
+    return HttpServer(handle, max_input_size=64 * 1024, on_stop=metrics.close)

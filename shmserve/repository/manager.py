@@ -114,6 +114,10 @@ class ModelManager:
                 pass
         return sorted(names | set(self.registry.models))
 
+    def model_directory(self, name: str) -> str | None:
+        """Model `name`'s directory: its upload's, or the one the repositories hold."""
+        return self._uploads.get(name) or find_model(self.repositories, name)
+
     # -- the load / unload API ---------------------------------------------------------
 
     async def load(self, name: str, config_json=None, files=None) -> None:

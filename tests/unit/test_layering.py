@@ -3,7 +3,7 @@
 The front, top first; a module may import its own layer and the layers below it, never one
 above:
 
-    host -> transports (http/, grpc/, model_calls.py) -> dataplane -> repository -> registry
+    host -> transports (http/, grpc/, openai/, model_calls.py) -> dataplane -> repository -> registry
          -> scheduling -> dispatch -> ipc
 
 (the dataplane layer is dataplane.py and the request's way behind it: lifecycle.py,
@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Top first.
 LAYERS = (
     ("host", ("shmserve.host",)),
-    ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.model_calls")),
+    ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.openai", "shmserve.model_calls")),
     ("dataplane", ("shmserve.dataplane", "shmserve.lifecycle", "shmserve.admission",
                    "shmserve.checked_templates", "shmserve.responses")),
     ("repository", ("shmserve.repository",)),

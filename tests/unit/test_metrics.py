@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from shmserve.config.parse import parse_config_text
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError
-from shmserve.http.metrics_endpoint import build_metrics_server
+from shmserve.http.metrics_endpoint import MetricsText, build_metrics_server
 from shmserve.ipc import messages
 from shmserve.observability.metrics import (BATCH_SIZE_BOUNDS, CustomMetricsCollector,
                                             GpuMetricsCollector, ModelMetricsCollector,
@@ -279,12 +279,13 @@ def serve_and_scrape(server) -> str:
 
 def test_endpoint_flags(install_nvml):
     nvml = install_nvml(fake_nvml([gpu("GPU-aaaa")]))
-    text = serve_and_scrape(build_metrics_server(FakeRegistry(model())))
+    text = serve_and_scrape(build_metrics_server(MetricsText(FakeRegistry(model()))))
     assert "nv_cpu_utilization" in text and 'nv_gpu_utilization{gpu_uuid="GPU-aaaa"}' in text
     assert nvml.calls[-1] == "nvmlShutdown"  # when the server stops
     nvml.calls.clear()
-    text = serve_and_scrape(build_metrics_server(FakeRegistry(model()), allow_cpu_metrics=False,
-                                              allow_gpu_metrics=False))
+    metrics = MetricsText(FakeRegistry(model()), allow_cpu_metrics=False,
+                          allow_gpu_metrics=False)
+    text = serve_and_scrape(build_metrics_server(metrics))
     assert "nv_cpu_" not in text and "nv_gpu_" not in text and not nvml.calls
     assert 'nv_inference_request_success{model="m",version="1"}' in text
 

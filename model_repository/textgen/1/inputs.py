@@ -2,16 +2,29 @@
 (the latter reaches this file through a symlink, as it does transformer.py)."""
 
 import json
+from dataclasses import dataclass
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .transformer import SamplingParams, Sequence
 
 
-def read_request(request, model) -> tuple[Sequence, bool]:
-    """The request's sequence (its prompt and sampling settings, for `model`, a Transformer)
-    and whether it asks to stream: each value from the request's input of that name, else
-    from its request parameter, else the default."""
+@dataclass(eq=False)
+class Asked:
+    """What a request asks for: its sequence (prompt and sampling settings), whether to
+    stream, and whether its responses carry token counts (`return_num_input_tokens`,
+    `return_num_output_tokens`, as the vLLM and TensorRT-LLM backends take them)."""
+
+    seq: Sequence
+    stream: bool
+    input_count: bool = False
+    output_count: bool = False
+
+
+def read_request(request, model) -> Asked:
+    """What the request asks of `model` (a Transformer): each value from the request's input
+    of that name, else from its request parameter, else the default."""
     parameters = json.loads(request.parameters() or "{}")
 
     def value(name, convert, default):
@@ -35,7 +48,25 @@ def read_request(request, model) -> tuple[Sequence, bool]:
         stop=stop_sequences(request, parameters),
         seed=value("seed", integer, None),
     )
-    return Sequence(model.vocab.encode(prompt), params, model.context), value("stream", flag, False)
+    return Asked(Sequence(model.vocab.encode(prompt), params, model.context),
+                 value("stream", flag, False), value("return_num_input_tokens", flag, False),
+                 value("return_num_output_tokens", flag, False))
+
+
+def text_response(asked: Asked, text: str, batched: bool):
+    """A response holding `text` as text_output, with the token counts the request asked for:
+    the prompt's, and the text's (one token is one character)."""
+    shape = (1, 1) if batched else (1,)
+
+    def tensor(name, value, dtype):
+        return pb_utils.Tensor(name, np.array([value], dtype=dtype).reshape(shape))
+
+    tensors = [tensor("text_output", text.encode("utf-8"), np.object_)]
+    if asked.input_count:
+        tensors.append(tensor("num_input_tokens", len(asked.seq.prompt_ids), np.uint32))
+    if asked.output_count:
+        tensors.append(tensor("num_output_tokens", len(text), np.uint32))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def text(name, value) -> str:

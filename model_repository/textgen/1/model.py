@@ -15,6 +15,9 @@ takes its default:
   stream      BOOL    false (default): one response with the whole text, flagged FINAL;
                       true: one response per generated character, the last one flagged FINAL
                       (text that may start a stop sequence waits until it is known not to)
+  return_num_input_tokens, return_num_output_tokens  BOOL  (default false) each response
+                      also carries num_input_tokens (the prompt's) or num_output_tokens (its
+                      text's), UINT32 [1]; one token is one character
 Output: text_output STRING [-1], one UTF-8 string.
 A cancelled request gets only the FINAL flag; a bad input value an INVALID_ARG error.
 Generation ends after max_tokens characters, at a stop sequence, or when prompt and text fill
@@ -28,7 +31,6 @@ import queue
 import threading
 from dataclasses import dataclass
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
@@ -44,8 +46,15 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class _Job:
     request: object
     sender: object
-    seq: Sequence
-    stream: bool
+    asked: inputs.Asked
+
+    @property
+    def seq(self) -> Sequence:
+        return self.asked.seq
+
+    @property
+    def stream(self) -> bool:
+        return self.asked.stream
 
 
 class TritonPythonModel:
@@ -77,8 +86,7 @@ class TritonPythonModel:
     # --- requests ----------------------------------------------------------------------------
 
     def _job(self, request, sender) -> _Job:
-        seq, stream = inputs.read_request(request, self._model)
-        return _Job(request, sender, seq, stream)
+        return _Job(request, sender, inputs.read_request(request, self._model))
 
 
 class _Generator:
@@ -143,17 +151,16 @@ class _Generator:
             if seq.finished:
                 del self._active[seq]
                 if not job.stream:
-                    _send(job, _text_response(seq.text), FINAL)
+                    _send(job, _text_response(job, seq.text), FINAL)
                 else:
-                    _send(job, _text_response(piece) if piece else None, FINAL)
-            elif job.stream and piece and not _send(job, _text_response(piece), 0):
+                    _send(job, _text_response(job, piece) if piece else None, FINAL)
+            elif job.stream and piece and not _send(job, _text_response(job, piece), 0):
                 self._batch.remove(seq)
                 del self._active[seq]
 
 
-def _text_response(text: str):
-    data = np.array([text.encode("utf-8")], dtype=np.object_)
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", data)])
+def _text_response(job: _Job, text: str):
+    return inputs.text_response(job.asked, text, batched=False)
 
 
 def _send(job: _Job, response, flags: int) -> bool:

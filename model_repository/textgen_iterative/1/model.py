@@ -40,8 +40,15 @@ class Generation:
     """One request's decode state."""
 
     key: object  # correlation id (iterative), position in the batch (request-level)
-    seq: Sequence
-    stream: bool
+    asked: inputs.Asked
+
+    @property
+    def seq(self) -> Sequence:
+        return self.asked.seq
+
+    @property
+    def stream(self) -> bool:
+        return self.asked.stream
 
 
 class Decoder:
@@ -186,12 +193,12 @@ class TritonPythonModel:
         """Starts the request's generation with a prefill of its prompt; on a bad input or a
         failure the request gets the error instead."""
         try:
-            seq, stream = inputs.read_request(request, self._model)
+            asked = inputs.read_request(request, self._model)
         except ValueError as exc:
             _fail(request, str(exc), pb_utils.TritonError.INVALID_ARG)
             return False
         try:
-            self._decoder.join(Generation(key, seq, stream))
+            self._decoder.join(Generation(key, asked))
         except Exception as exc:  # noqa: BLE001 (the request gets the error)
             _fail(request, f"the generation could not start: {exc}")
             return False
@@ -208,7 +215,7 @@ class TritonPythonModel:
             for (request, key), (gen, piece) in zip(batch, sampled):
                 if gen.seq.finished:
                     _send(request, _last_response(gen, piece), FINAL)
-                elif not gen.stream or not piece or _send(request, _text_response(piece), 0):
+                elif not gen.stream or not piece or _send(request, _text_response(gen, piece), 0):
                     going.append((request, key))
                 else:
                     self._decoder.leave(key)  # the client is gone
@@ -235,16 +242,15 @@ def _is_ready(request, name: str) -> bool:
     return tensor is not None and bool(tensor.as_numpy().any())
 
 
-def _text_response(text: str):
-    data = np.array([[text.encode("utf-8")]], dtype=np.object_)
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", data)])
+def _text_response(gen: Generation, text: str):
+    return inputs.text_response(gen.asked, text, batched=True)
 
 
 def _last_response(gen: Generation, piece: str):
     """Streaming: the last piece, if any; otherwise the whole text."""
     if not gen.stream:
-        return _text_response(gen.seq.text)
-    return _text_response(piece) if piece else None
+        return _text_response(gen, gen.seq.text)
+    return _text_response(gen, piece) if piece else None
 
 
 def _send(request, response, flags: int) -> bool:

@@ -1,0 +1,387 @@
+"""The OpenAI routes' handlers: decode the body (schemas.py), refuse what cannot be served
+(checks.py), build the model's request (conventions.py), run it through the dataplane like
+any other inference (statistics, metrics, cancellation and backpressure as for
+generate_stream), and answer in the OpenAI API's JSON, or as server-sent events ending with
+`data: [DONE]`.
+
+Errors have FastAPI's body {"detail": ...}, as Triton's frontend answers them: 422 for a body
+that does not fit the schema, 400 for an option that cannot be served or an unknown model,
+404 for an unknown model's /v1/models entry, and the status of the dataplane's error code for
+a request the server or the model refuses (a model's INVALID_ARG is 400). An error after a
+stream began arrives as an event `data: {"error": {...}}` before `data: [DONE]`.
+"""
+
+import contextlib
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+
+from shmserve.dataplane import DataPlane
+from shmserve.errors import Code, ServerError
+from shmserve.http.http1 import Request, Response
+from shmserve.openai import chat_messages, chat_templates, checks, conventions
+from shmserve.openai.conventions import RouteError, TextModel
+from shmserve.openai.schemas import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
+                                     SchemaError, parse)
+
+OWNED_BY = "Triton Inference Server"  # what Triton's frontend says owns every model
+DEFAULT_MAX_TOKENS = 16  # Triton's frontend's --default-max-tokens
+TOKENIZER_FOLDER = "tokenizer"  # a model directory's own tokenizer folder
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+
+_STATUS = {Code.INVALID_ARG: 400, Code.NOT_FOUND: 404, Code.UNAVAILABLE: 503,
+           Code.UNSUPPORTED: 400, Code.ALREADY_EXISTS: 400, Code.CANCELLED: 400,
+           Code.UNKNOWN: 400, Code.INTERNAL: 500}
+
+
+@dataclass
+class OpenAISettings:
+    tokenizer: str | None = None  # --tokenizer: a Hugging Face tokenizer folder
+    chat_template: str | None = None  # --chat-template: a Jinja file replacing its template
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    restrictions: dict = field(default_factory=dict)  # restrictions.parse's
+
+
+def detail_response(status: int, detail) -> Response:
+    return Response(status, orjson.dumps({"detail": detail}), "application/json")
+
+
+class OpenAIRoutes:
+    def __init__(self, dataplane: DataPlane, settings: OpenAISettings, metrics_text=None):
+        """`metrics_text`: an async callable giving the metrics port's Prometheus text, or
+        None when metrics are off."""
+        self.dp = dataplane
+        self.settings = settings
+        self.metrics_text = metrics_text
+        self._created: dict = {}  # model name -> when these routes first listed it
+        # Chat templates by model name; loaded on first use, so a bad tokenizer folder fails
+        # the requests that need it, not the server.
+        self._templates: dict = {}
+        self._server_template = None
+        if settings.tokenizer or settings.chat_template:
+            self._server_template = chat_templates.load(settings.tokenizer or "",
+                                                        settings.chat_template)
+
+    def routes(self) -> list:
+        """(method, path pattern, handler, restriction group) of every route."""
+        out = [("GET", "/v1/models", self.list_models, "model-repository"),
+               ("GET", "/v1/models/{model}", self.get_model, "model-repository"),
+               ("POST", "/v1/completions", self.completions, "inference"),
+               ("POST", "/v1/chat/completions", self.chat_completions, "inference"),
+               ("POST", "/v1/embeddings", self.embeddings, "inference"),
+               ("GET", "/health/ready", self.ready, "health")]
+        if self.metrics_text is not None:
+            out.append(("GET", "/metrics", self.metrics, "metrics"))
+        return out
+
+    # --- utilities -------------------------------------------------------------------------
+
+    async def ready(self, request: Request) -> Response:
+        if not self.dp.server_ready():
+            return detail_response(400, "Attached inference engine is not ready for inference "
+                                        "requests.")
+        return Response(200)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(200, await self.metrics_text(), "text/plain; charset=utf-8")
+
+    # --- models ----------------------------------------------------------------------------
+
+    async def list_models(self, request: Request) -> Response:
+        data = [self._model_entry(name) for name in self._ready_models()]
+        return _json({"object": "list", "data": data})
+
+    async def get_model(self, request: Request) -> Response:
+        name = request.match_info["model"]
+        if name not in self._ready_models():
+            return detail_response(404, f"Unknown model: {name}")
+        return _json(self._model_entry(name))
+
+    def _ready_models(self) -> list:
+        names = dict.fromkeys(e["name"] for e in self.dp.repository_index(ready_only=True))
+        return list(names)
+
+    def _model_entry(self, name: str) -> dict:
+        created = self._created.setdefault(name, int(time.time()))
+        return {"id": name, "created": created, "object": "model", "owned_by": OWNED_BY}
+
+    def _text_model(self, name: str) -> TextModel:
+        try:
+            config, _ = self.dp.model_config(name)
+            backend = config.backend or ("ensemble" if config.platform == "ensemble" else "")
+            return TextModel(name, backend, self.dp.signature(name), self.dp.is_decoupled(name))
+        except ServerError as exc:
+            if exc.code in (Code.NOT_FOUND, Code.UNAVAILABLE):
+                raise RouteError(400, f"Unknown model: {name}") from None
+            raise
+
+    def _chat_template(self, name: str):
+        """The model's own tokenizer folder's template, else the server's (--tokenizer,
+        --chat-template); read once per model name."""
+        if name not in self._templates:
+            directory = self.dp.model_directory(name)
+            folder = os.path.join(directory, TOKENIZER_FOLDER) if directory else ""
+            own = None
+            if folder and os.path.isdir(folder):
+                try:
+                    own = chat_templates.load(folder, self.settings.chat_template)
+                except (OSError, ValueError) as exc:
+                    raise RouteError(500, f"cannot read the tokenizer of model '{name}': "
+                                          f"{exc}") from None
+            self._templates[name] = own
+        return self._templates[name] or self._server_template
+
+    # --- inference ---------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response | None:
+        return await self._answering(self._completions, request)
+
+    async def chat_completions(self, request: Request) -> Response | None:
+        return await self._answering(self._chat_completions, request)
+
+    async def embeddings(self, request: Request) -> Response | None:
+        return await self._answering(self._embeddings, request)
+
+    async def _answering(self, handler, request: Request) -> Response | None:
+        try:
+            return await handler(request)
+        except SchemaError as exc:
+            return detail_response(422, exc.detail)
+        except RouteError as exc:
+            return detail_response(exc.status, exc.detail)
+        except ServerError as exc:
+            return detail_response(_STATUS.get(exc.code, 400), exc.message)
+
+    async def _completions(self, request: Request):
+        body = parse(CompletionRequest, request.body)
+        model = self._text_model(body.model)
+        checks.check_completion(body, model)
+        infer_request, echo = conventions.generation_request(
+            model, body.prompt, body, self.settings.default_max_tokens)
+        answer = _Completion(body, body.prompt if echo else "")
+        return await self._generate(request, infer_request, body, answer)
+
+    async def _chat_completions(self, request: Request):
+        body = parse(ChatCompletionRequest, request.body)
+        model = self._text_model(body.model)
+        template = self._chat_template(model.name)
+        if template is None:  # Triton's frontend's answer
+            raise RouteError(500, "Unknown tokenizer")
+        checks.check_chat(body, model)
+        try:
+            prompt = template.render(chat_messages.conversation(body),
+                                     chat_messages.tools(body))
+        except chat_templates.ChatTemplateError as exc:
+            raise RouteError(400, str(exc)) from None
+        infer_request, _ = conventions.generation_request(
+            model, prompt, body, self.settings.default_max_tokens)
+        return await self._generate(request, infer_request, body, _Chat(body))
+
+    async def _embeddings(self, request: Request):
+        body = parse(EmbeddingRequest, request.body)
+        model = self._text_model(body.model)
+        infer_request = conventions.embedding_request(model, body)
+        vector, usage = None, _Usage()
+        async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
+            async for item in items:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    try:
+                        if vector is None:
+                            vector = conventions.embedding_of(model, item.response)
+                        usage.add(item.response)
+                    finally:
+                        item.response.done()
+        if vector is None:
+            raise RouteError(500, f"model '{model.name}' answered no embedding")
+        if body.dimensions is not None and len(vector) != body.dimensions \
+                and not model.takes("dimensions") and not model.vllm:
+            raise RouteError(400, f"model '{model.name}' gives embeddings of {len(vector)} "
+                                  f"dimensions, not {body.dimensions}")
+        embedding = vector
+        if body.encoding_format == "base64":
+            embedding = _base64_floats(vector)
+        return _json({"object": "list",
+                      "data": [{"object": "embedding", "embedding": embedding, "index": 0}],
+                      "model": body.model, "usage": usage.embedding()})
+
+    async def _generate(self, request: Request, infer_request, body, answer) -> Response | None:
+        if not body.stream:
+            text, usage = [], _Usage()
+            async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
+                async for item in items:
+                    if item.error is not None:
+                        raise item.error
+                    if item.response is not None:
+                        try:
+                            text.append(conventions.text_of(item.response))
+                            usage.add(item.response)
+                        finally:
+                            item.response.done()
+            return _json(answer.whole("".join(text), usage.completion()))
+        self.dp.stream_opened()
+        try:
+            return await self._event_stream(request, infer_request, body, answer)
+        finally:
+            self.dp.stream_closed()
+
+    async def _event_stream(self, request: Request, infer_request, body, answer) -> None:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        usage = _Usage()
+        stream = None
+        async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
+            try:
+                async for item in items:
+                    if stream is None:
+                        if item.error is not None:
+                            raise item.error  # before the stream: the request's status
+                        stream = request.stream(SSE_HEADERS)
+                        for event in answer.opening():
+                            await stream.write(event)
+                    if item.error is not None:
+                        await stream.write(_error_event(item.error))
+                        break
+                    text = ""
+                    if item.response is not None:
+                        try:
+                            text = conventions.text_of(item.response)
+                            usage.add(item.response)
+                        finally:
+                            item.response.done()
+                    elif not item.final:
+                        continue
+                    await stream.write(answer.chunk(text, item.final))
+            except ServerError as exc:
+                if stream is None:
+                    raise
+                await stream.write(_error_event(exc))
+        if stream is None:  # no response at all: the request ended without one
+            stream = request.stream(SSE_HEADERS)
+            for event in answer.opening():
+                await stream.write(event)
+        if include_usage and usage.known:
+            await stream.write(answer.usage_chunk(usage.completion()))
+        await stream.write(_DONE)
+        await stream.end()
+        return None
+
+
+class _Usage:
+    """Token counts summed over a request's responses: the prompt's once, the output's each."""
+
+    def __init__(self):
+        self.prompt: int | None = None
+        self.output = 0
+        self.known = False
+
+    def add(self, response) -> None:
+        prompt, output = conventions.token_counts(response)
+        if prompt is None:
+            return
+        if self.prompt is None:
+            self.prompt = prompt
+        self.known = True
+        self.output += output or 0
+
+    def completion(self) -> dict | None:
+        if not self.known:
+            return None
+        return {"completion_tokens": self.output, "prompt_tokens": self.prompt,
+                "total_tokens": self.prompt + self.output}
+
+    def embedding(self) -> dict | None:
+        if not self.known:
+            return None
+        return {"prompt_tokens": self.prompt, "total_tokens": self.prompt}
+
+
+class _Completion:
+    """/v1/completions' JSON; `echo`: the prompt the answer starts with (echo asked of a model
+    that cannot echo)."""
+
+    def __init__(self, body: CompletionRequest, echo: str):
+        self.id = f"cmpl-{uuid.uuid1()}"
+        self.created = int(time.time())
+        self.model = body.model
+        self.echo = echo
+
+    def _doc(self, choices: list, usage) -> dict:
+        return {"id": self.id, "choices": choices, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "object": "text_completion", "usage": usage}
+
+    def whole(self, text: str, usage) -> dict:
+        return self._doc([{"finish_reason": "stop", "index": 0, "logprobs": None,
+                           "text": self.echo + text}], usage)
+
+    def opening(self) -> list:
+        return [self.chunk(self.echo, False)] if self.echo else []
+
+    def chunk(self, text: str, final: bool) -> bytes:
+        return _event(self._doc([{"finish_reason": "stop" if final else None, "index": 0,
+                                  "logprobs": None, "text": text}], None))
+
+    def usage_chunk(self, usage: dict) -> bytes:
+        return _event(self._doc([], usage))
+
+
+class _Chat:
+    """/v1/chat/completions' JSON."""
+
+    def __init__(self, body: ChatCompletionRequest):
+        self.id = f"cmpl-{uuid.uuid1()}"
+        self.created = int(time.time())
+        self.model = body.model
+
+    def _doc(self, obj: str, choices: list, usage) -> dict:
+        return {"id": self.id, "choices": choices, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "object": obj, "usage": usage}
+
+    def whole(self, text: str, usage) -> dict:
+        message = {"content": text, "tool_calls": None, "role": "assistant",
+                   "function_call": None}
+        return self._doc("chat.completion", [{"index": 0, "message": message, "logprobs": None,
+                                              "finish_reason": "stop"}], usage)
+
+    def opening(self) -> list:
+        # The first chunk names the role and has no content.
+        delta = {"role": "assistant", "content": "", "function_call": None}
+        return [self._chunk(delta, None)]
+
+    def chunk(self, text: str, final: bool) -> bytes:
+        delta = {"role": None, "content": text, "function_call": None}
+        return self._chunk(delta, "stop" if final else None)
+
+    def _chunk(self, delta: dict, finish) -> bytes:
+        return _event(self._doc("chat.completion.chunk", [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], None))
+
+    def usage_chunk(self, usage: dict) -> bytes:
+        return _event(self._doc("chat.completion.chunk", [], usage))
+
+
+def _event(doc: dict) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _error_event(exc: ServerError) -> bytes:
+    status = _STATUS.get(exc.code, 400)
+    kind = "invalid_request_error" if status < 500 else "internal_error"
+    return _event({"error": {"message": exc.message, "type": kind, "code": status}})
+
+
+def _json(doc: dict) -> Response:
+    return Response(200, orjson.dumps(doc), "application/json")
+
+
+def _base64_floats(vector: list) -> str:
+    import base64
+
+    import numpy as np
+
+    return base64.b64encode(np.asarray(vector, dtype=np.float32).tobytes()).decode("ascii")
