@@ -11,6 +11,7 @@ a request the server or the model refuses (a model's INVALID_ARG is 400). An err
 stream began arrives as an event `data: {"error": {...}}` before `data: [DONE]`.
 """
 
+import asyncio
 import contextlib
 import os
 import time
@@ -33,6 +34,10 @@ TOKENIZER_FOLDER = "tokenizer"  # a model directory's own tokenizer folder
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
+
+# Bodies above this are parsed, and their chat rendered, in a thread, so that the event loop
+# keeps serving the other clients meanwhile.
+_OFF_LOOP_BYTES = 256 * 1024
 
 _STATUS = {Code.INVALID_ARG: 400, Code.NOT_FOUND: 404, Code.UNAVAILABLE: 503,
            Code.UNSUPPORTED: 400, Code.ALREADY_EXISTS: 400, Code.CANCELLED: 400,
@@ -158,7 +163,7 @@ class OpenAIRoutes:
             return detail_response(_STATUS.get(exc.code, 400), exc.message)
 
     async def _completions(self, request: Request):
-        body = parse(CompletionRequest, request.body)
+        body = await _off_loop(request, parse, CompletionRequest, request.body)
         model = self._text_model(body.model)
         checks.check_completion(body, model)
         infer_request, echo = conventions.generation_request(
@@ -167,15 +172,15 @@ class OpenAIRoutes:
         return await self._generate(request, infer_request, body, answer)
 
     async def _chat_completions(self, request: Request):
-        body = parse(ChatCompletionRequest, request.body)
+        body = await _off_loop(request, parse, ChatCompletionRequest, request.body)
         model = self._text_model(body.model)
         template = self._chat_template(model.name)
         if template is None:  # Triton's frontend's answer
             raise RouteError(500, "Unknown tokenizer")
         checks.check_chat(body, model)
         try:
-            prompt = template.render(chat_messages.conversation(body),
-                                     chat_messages.tools(body))
+            prompt = await _off_loop(request, template.render,
+                                     chat_messages.conversation(body), chat_messages.tools(body))
         except chat_templates.ChatTemplateError as exc:
             raise RouteError(400, str(exc)) from None
         infer_request, _ = conventions.generation_request(
@@ -183,7 +188,7 @@ class OpenAIRoutes:
         return await self._generate(request, infer_request, body, _Chat(body))
 
     async def _embeddings(self, request: Request):
-        body = parse(EmbeddingRequest, request.body)
+        body = await _off_loop(request, parse, EmbeddingRequest, request.body)
         model = self._text_model(body.model)
         infer_request = conventions.embedding_request(model, body)
         vector, usage = None, _Usage()
@@ -363,6 +368,12 @@ class _Chat:
 
     def usage_chunk(self, usage: dict) -> bytes:
         return _event(self._doc("chat.completion.chunk", [], usage))
+
+
+async def _off_loop(request: Request, fn, *args):
+    if len(request.body) < _OFF_LOOP_BYTES:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def _event(doc: dict) -> bytes:

@@ -249,6 +249,17 @@ def test_bad_requests_get_a_clear_4xx(http, body, status, detail):
     assert http.get("/v2/health/live").status_code == 200
 
 
+def test_large_and_deep_bodies_are_served_or_refused_clearly(http):
+    prompt = "word " * 300_000  # parsed off the event loop
+    response = http.post("/v1/completions", json={"model": "openai_echo", "prompt": prompt})
+    assert response.json()["choices"][0]["text"] == prompt
+    deep = b'{"model": "openai_echo", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = http.post("/v1/completions", content=deep)
+    assert response.status_code == 422 and response.json()["detail"][0]["type"] == \
+        "json_invalid"
+    assert http.get("/v2/health/live").status_code == 200
+
+
 def test_chat_refusals_use_triton_s_words(http):
     def chat(**fields):
         body = {"model": "openai_echo", "messages": [{"role": "user", "content": "x"}],
