@@ -191,20 +191,12 @@ class OpenAIRoutes:
         body = await _off_loop(request, parse, EmbeddingRequest, request.body)
         model = self._text_model(body.model)
         infer_request = conventions.embedding_request(model, body)
-        vector, usage = None, _Usage()
-        async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
-            async for item in items:
-                if item.error is not None:
-                    raise item.error
-                if item.response is not None:
-                    try:
-                        if vector is None:
-                            vector = conventions.embedding_of(model, item.response)
-                        usage.add(item.response)
-                    finally:
-                        item.response.done()
-        if vector is None:
+        vectors: list = []
+        usage = await self._run(infer_request, lambda response: vectors.append(
+            conventions.embedding_of(model, response)))
+        if not vectors:
             raise RouteError(500, f"model '{model.name}' answered no embedding")
+        vector = vectors[0]
         if body.dimensions is not None and len(vector) != body.dimensions \
                 and not model.takes("dimensions") and not model.vllm:
             raise RouteError(400, f"model '{model.name}' gives embeddings of {len(vector)} "
@@ -218,23 +210,31 @@ class OpenAIRoutes:
 
     async def _generate(self, request: Request, infer_request, body, answer) -> Response | None:
         if not body.stream:
-            text, usage = [], _Usage()
-            async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
-                async for item in items:
-                    if item.error is not None:
-                        raise item.error
-                    if item.response is not None:
-                        try:
-                            text.append(conventions.text_of(item.response))
-                            usage.add(item.response)
-                        finally:
-                            item.response.done()
+            text: list = []
+            usage = await self._run(infer_request,
+                                    lambda response: text.append(conventions.text_of(response)))
             return _json(answer.whole("".join(text), usage.completion()))
         self.dp.stream_opened()
         try:
             return await self._event_stream(request, infer_request, body, answer)
         finally:
             self.dp.stream_closed()
+
+    async def _run(self, infer_request, take) -> "_Usage":
+        """Runs the request to its end, handing each response to `take`; the token counts of
+        them all. The first error is raised."""
+        usage = _Usage()
+        async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
+            async for item in items:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    try:
+                        take(item.response)
+                        usage.add(item.response)
+                    finally:
+                        item.response.done()
+        return usage
 
     async def _event_stream(self, request: Request, infer_request, body, answer) -> None:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

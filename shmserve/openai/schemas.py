@@ -86,22 +86,23 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class SystemMessage(BaseModel):
+class _Said(BaseModel):
+    """A message of a participant: its content, and optionally its name."""
+
+    content: Union[str, list[ContentPart]]
+    name: Optional[str] = None
+
+
+class SystemMessage(_Said):
     role: Literal["system"]
-    content: Union[str, list[ContentPart]]
-    name: Optional[str] = None
 
 
-class DeveloperMessage(BaseModel):
+class DeveloperMessage(_Said):
     role: Literal["developer"]
-    content: Union[str, list[ContentPart]]
-    name: Optional[str] = None
 
 
-class UserMessage(BaseModel):
+class UserMessage(_Said):
     role: Literal["user"]
-    content: Union[str, list[ContentPart]]
-    name: Optional[str] = None
 
 
 class AssistantMessage(BaseModel):

@@ -22,6 +22,20 @@ class Asked:
     output_count: bool = False
 
 
+class AskedFor:
+    """For the records a model keeps per request: their request's sequence and stream flag."""
+
+    asked: Asked
+
+    @property
+    def seq(self) -> Sequence:
+        return self.asked.seq
+
+    @property
+    def stream(self) -> bool:
+        return self.asked.stream
+
+
 def read_request(request, model) -> Asked:
     """What the request asks of `model` (a Transformer): each value from the request's input
     of that name, else from its request parameter, else the default."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import DecodeBatch, Sequence, Transformer, array_module
+from .transformer import DecodeBatch, Transformer, array_module
 
 # Sequences decoding together at most; more requests wait for a free slot.
 MAX_ACTIVE = 32
@@ -43,18 +43,10 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 @dataclass
-class _Job:
+class _Job(inputs.AskedFor):
     request: object
     sender: object
     asked: inputs.Asked
-
-    @property
-    def seq(self) -> Sequence:
-        return self.asked.seq
-
-    @property
-    def stream(self) -> bool:
-        return self.asked.stream
 
 
 class TritonPythonModel:

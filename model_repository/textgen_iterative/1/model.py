@@ -28,7 +28,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import inputs
-from .transformer import Sequence, Transformer, array_module, sample
+from .transformer import Transformer, array_module, sample
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -36,19 +36,11 @@ RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 
 @dataclass(eq=False)
-class Generation:
+class Generation(inputs.AskedFor):
     """One request's decode state."""
 
     key: object  # correlation id (iterative), position in the batch (request-level)
     asked: inputs.Asked
-
-    @property
-    def seq(self) -> Sequence:
-        return self.asked.seq
-
-    @property
-    def stream(self) -> bool:
-        return self.asked.stream
 
 
 class Decoder:
