@@ -9,8 +9,7 @@ import logging
 import math
 import signal
 from dataclasses import dataclass, field
-from typing import Optional
-
+from typing import TYPE_CHECKING, Optional
 
 from shmserve import dataplane as limits
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY
@@ -35,6 +34,9 @@ from shmserve.observability.tracing import TraceSettings, Tracer
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
+
+if TYPE_CHECKING:
+    from shmserve.http.http1 import HttpServer
 
 log = logging.getLogger("shmserve")
 
@@ -181,8 +183,8 @@ class Server:
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []  # inference HTTP and metrics
-        self._http = None  # the inference HTTP server
-        self._grpc = None
+        self._http: HttpServer | None = None  # the inference HTTP server
+        self._grpc: grpc_transport.GrpcServer | None = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
         self._gc_tuner = GcTuner()
@@ -217,8 +219,8 @@ class Server:
         # answers, the gRPC and metrics ports are listening too.
         opts = self.options
         if opts.allow_grpc:
-            from shmserve.grpc.servicer import build_server
-            self._grpc = build_server(
+            from shmserve.grpc.servicer import build_server as build_grpc_server
+            self._grpc = build_grpc_server(
                 self.dataplane, opts.grpc_max_message_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.grpc_header_forward_pattern),
                 opts.grpc_restrictions,
@@ -238,23 +240,23 @@ class Server:
                                    server_context(opts.grpc_tls) if opts.grpc_tls else None)
         if opts.allow_metrics:
             from shmserve.http.metrics_endpoint import build_metrics_server
-            server = build_metrics_server(self.registry,
-                                          allow_cpu_metrics=opts.allow_cpu_metrics,
-                                          allow_gpu_metrics=opts.allow_gpu_metrics,
-                                          interval_ms=opts.metrics_interval_ms,
-                                          counter_latencies=opts.metrics_counter_latencies,
-                                          histogram_latencies=opts.metrics_histogram_latencies)
-            await server.start(opts.metrics_address, opts.metrics_port)
-            self._http_servers.append(server)
+            metrics = build_metrics_server(self.registry,
+                                           allow_cpu_metrics=opts.allow_cpu_metrics,
+                                           allow_gpu_metrics=opts.allow_gpu_metrics,
+                                           interval_ms=opts.metrics_interval_ms,
+                                           counter_latencies=opts.metrics_counter_latencies,
+                                           histogram_latencies=opts.metrics_histogram_latencies)
+            await metrics.start(opts.metrics_address, opts.metrics_port)
+            self._http_servers.append(metrics)
         if opts.allow_http:
-            from shmserve.http.app import build_server
-            server = build_server(
+            from shmserve.http.app import build_server as build_http_server
+            http = build_http_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.http_header_forward_pattern),
                 opts.http_restrictions, opts.worker_answers)
-            await server.start(opts.http_address, opts.http_port)
-            self._http_servers.append(server)
-            self._http = server
+            await http.start(opts.http_address, opts.http_port)
+            self._http_servers.append(http)
+            self._http = http
 
     def _endpoint_names(self) -> list:
         o = self.options
