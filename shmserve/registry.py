@@ -4,6 +4,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
+from shmserve.dispatch.pool import InstancePool
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.protocol import Scheduler
@@ -27,7 +28,7 @@ class ModelVersion:
     platform: str
     state: str = LOADING
     reason: str = ""
-    pool: object = None
+    pool: Optional[InstancePool] = None
     scheduler: Optional[Scheduler] = None
     stats: ModelStats = field(default_factory=ModelStats)
     load_seconds: float = 0.0

@@ -25,7 +25,7 @@ def config_to_json(config: ModelConfig) -> dict:
 
 
 def _message(message) -> dict:
-    rendered = {}
+    rendered: dict[str, object] = {}
     for field in message.DESCRIPTOR.fields:
         if field.has_presence and not message.HasField(field.name):
             continue

@@ -29,7 +29,7 @@ instance frees (less server CPU per request, more infer/s: perf/findings/
 import asyncio
 import collections
 import logging
-from typing import Awaitable, Optional, Protocol
+from typing import Awaitable, Optional, Protocol, Sequence
 
 from shmserve.dispatch.work_types import BatchTimings, WorkResponse
 from shmserve.errors import Code, ServerError
@@ -56,7 +56,7 @@ class Instance(Protocol):
 class InstancePool:
     """Works with any Instance, so the schedulers above can be tested with fake instances."""
 
-    def __init__(self, instances: list[Instance], depth: int = PIPELINE_DEPTH, limiter=None,
+    def __init__(self, instances: Sequence[Instance], depth: int = PIPELINE_DEPTH, limiter=None,
                  pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US):
         """`limiter`: the server's RateLimiter (--rate-limit=execution_count), which the
         instances it limits must satisfy too; they hold one batch at a time.

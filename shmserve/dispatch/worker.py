@@ -59,6 +59,9 @@ class WorkerHandle:
         never; see ipc/idle_spin.py); `front_spin`: keeps the front polling around its
         batches (see front_spin.py), if given."""
         self.instance_name = instance_name
+        # What an instance group update matches it by (repository/instances.py); the loader
+        # sets it.
+        self.signature: tuple = ()
         self._spin_us = spin_us
         self._init_args: dict[str, Any] = dict(model_name=model_name, model_version=model_version,
                                model_dir=model_dir, model_repository=model_repository,

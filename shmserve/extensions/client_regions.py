@@ -35,7 +35,7 @@ class SharedMemoryManager:
         self.allowed = allowed
         self._gpu_count = gpu_count
         # System and CUDA regions share one namespace of names.
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, SystemRegion | CudaRegion] = {}
 
     # -- the extension's API ------------------------------------------------------------
 

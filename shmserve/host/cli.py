@@ -9,6 +9,7 @@ import asyncio
 import logging
 import re
 import sys
+from typing import Any, Callable, Coroutine
 
 from jinja2 import TemplateError
 
@@ -512,6 +513,7 @@ def main(argv=None) -> int:
     for flag in NO_EFFECT_FLAGS:
         if getattr(args, flag.replace("-", "_")) is not None:
             logging.getLogger("shmserve").info("--%s has no effect in shmserve", flag)
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
         runner = uvloop.run

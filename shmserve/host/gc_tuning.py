@@ -28,10 +28,11 @@ class GcTuner:
         self._young_threshold = young_threshold
         self._sweep_s = sweep_s
         self._full_every = full_every
-        self._saved = None  # the process's own thresholds, while started
+        # the process's own thresholds, while started
+        self._saved: tuple[int, int, int] | None = None
         self._sweeps = 0
-        self._timer = None
-        self._loop = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Called once startup has built what lives as long as the server."""
@@ -51,11 +52,13 @@ class GcTuner:
         running)."""
         if self._saved is None:
             return
+        assert self._timer is not None  # started: the first sweep is scheduled
         self._timer.cancel()
         gc.set_threshold(*self._saved)
         self._saved = self._timer = None
 
     def _schedule(self) -> None:
+        assert self._loop is not None  # set by start
         self._timer = self._loop.call_later(self._sweep_s, self._sweep)
 
     def _sweep(self) -> None:

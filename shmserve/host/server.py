@@ -9,8 +9,7 @@ import logging
 import math
 import signal
 from dataclasses import dataclass, field
-from typing import Optional
-
+from typing import TYPE_CHECKING, Optional
 
 from shmserve import dataplane as limits
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY
@@ -35,6 +34,9 @@ from shmserve.observability.tracing import TraceSettings, Tracer
 from shmserve.registry import Registry
 from shmserve.repository.loader import Loader, gpu_count
 from shmserve.repository.manager import ModelManager
+
+if TYPE_CHECKING:
+    from shmserve.http.http1 import HttpServer
 
 log = logging.getLogger("shmserve")
 
@@ -189,8 +191,8 @@ class Server:
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
         self._http_servers: list = []  # inference HTTP and metrics
-        self._http = None  # the inference HTTP server
-        self._grpc = None
+        self._http: HttpServer | None = None  # the inference HTTP server
+        self._grpc: grpc_transport.GrpcServer | None = None
         # Set by a second SIGTERM/SIGINT: in-flight work fails instead of being waited for.
         self._hurry = asyncio.Event()
         self._gc_tuner = GcTuner()
@@ -225,8 +227,8 @@ class Server:
         # answers, the gRPC and metrics ports are listening too.
         opts = self.options
         if opts.allow_grpc:
-            from shmserve.grpc.servicer import build_server
-            self._grpc = build_server(
+            from shmserve.grpc.servicer import build_server as build_grpc_server
+            self._grpc = build_grpc_server(
                 self.dataplane, opts.grpc_max_message_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.grpc_header_forward_pattern),
                 opts.grpc_restrictions,
@@ -254,9 +256,9 @@ class Server:
                                   counter_latencies=opts.metrics_counter_latencies,
                                   histogram_latencies=opts.metrics_histogram_latencies)
             scrape = metrics.scrape
-            server = build_metrics_server(metrics)
-            await server.start(opts.metrics_address, opts.metrics_port)
-            self._http_servers.append(server)
+            metrics_server = build_metrics_server(metrics)
+            await metrics_server.start(opts.metrics_address, opts.metrics_port)
+            self._http_servers.append(metrics_server)
         if opts.allow_http or opts.openai_port:
             from shmserve.openai import endpoints
             from shmserve.openai.routes import OpenAIRoutes, OpenAISettings
@@ -264,22 +266,22 @@ class Server:
                 opts.openai_tokenizer, opts.openai_chat_template, opts.openai_default_max_tokens,
                 opts.openai_restrictions), scrape)
         if opts.openai_port:
-            server = endpoints.build_openai_server(openai_routes, opts.http_max_input_size,
-                                                   opts.max_inflight_per_connection)
-            await server.start(opts.http_address, opts.openai_port)
-            self._http_servers.append(server)
+            openai_server = endpoints.build_openai_server(
+                openai_routes, opts.http_max_input_size, opts.max_inflight_per_connection)
+            await openai_server.start(opts.http_address, opts.openai_port)
+            self._http_servers.append(openai_server)
         if opts.allow_http:
-            from shmserve.http.app import build_server
+            from shmserve.http.app import build_server as build_http_server
             from shmserve.http.http1 import triton_too_large
-            server = build_server(
+            http = build_http_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.http_header_forward_pattern),
                 opts.http_restrictions, opts.worker_answers,
                 more_routes=lambda router: endpoints.add_to(router, openai_routes),
                 too_large=endpoints.too_large_on_http_port(triton_too_large))
-            await server.start(opts.http_address, opts.http_port)
-            self._http_servers.append(server)
-            self._http = server
+            await http.start(opts.http_address, opts.http_port)
+            self._http_servers.append(http)
+            self._http = http
 
     def _endpoint_names(self) -> list:
         o = self.options

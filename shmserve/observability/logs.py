@@ -24,12 +24,13 @@ stdout at INFO or stderr at WARNING.
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from shmserve.errors import Code, ServerError
 
@@ -79,9 +80,10 @@ _verbose_watchers: list = []
 _handler: Optional[logging.Handler] = None
 
 # The settings /v2/logging may change, with the type each takes (Triton's).
-_TYPES = {"log_info": (bool, "boolean"), "log_warning": (bool, "boolean"),
-          "log_error": (bool, "boolean"), "log_verbose_level": (int, "int32"),
-          "log_format": (str, "string")}
+_TYPES: dict[str, tuple[type[Any], str]] = {
+    "log_info": (bool, "boolean"), "log_warning": (bool, "boolean"),
+    "log_error": (bool, "boolean"), "log_verbose_level": (int, "int32"),
+    "log_format": (str, "string")}
 
 
 _QUIET_LIBRARIES = ("hpack", "h2")
@@ -91,6 +93,7 @@ def configure(settings: LogSettings) -> None:
     """Send every record of the process (the root logger's) to `settings.log_file`, appended,
     or to stderr; OSError if the file cannot be opened."""
     global _handler
+    handler: logging.Handler
     if settings.log_file:
         handler = logging.FileHandler(settings.log_file, mode="a", encoding="utf-8")
     else:
@@ -284,14 +287,15 @@ class WorkerLog:
     def __init__(self, extra: dict):
         self._extra = extra
         self._relays: list = []
-        level_read, self._level_write = os.pipe()
+        level_read, level_write = os.pipe()
+        self._level_write: int | None = level_write
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        self.child_fds = (level_read, out_write, err_write)
+        self.child_fds: tuple[int, ...] = (level_read, out_write, err_write)
         self._read_fds = [out_read, err_read]
         self._send_level(SETTINGS.log_verbose_level)
         # Never wait on a worker that does not read its stdin: a level it misses is dropped.
-        os.set_blocking(self._level_write, False)
+        os.set_blocking(level_write, False)
         watch_verbose(self._send_level)
 
     async def started(self, pid: int) -> None:
@@ -301,7 +305,7 @@ class WorkerLog:
             pipe = os.fdopen(self._read_fds.pop(0), "rb", buffering=0)
             try:
                 _, relay = await loop.connect_read_pipe(
-                    lambda stream=stream: _OutputRelay(stream, pid, self._extra), pipe)
+                    functools.partial(_OutputRelay, stream, pid, self._extra), pipe)
             except BaseException:
                 pipe.close()
                 raise
@@ -325,6 +329,8 @@ class WorkerLog:
             relay.transport.close()
 
     def _send_level(self, level: int) -> None:
+        if self._level_write is None:
+            return  # closed: the worker is gone
         try:
             os.write(self._level_write, b"%d\n" % level)
         except (BlockingIOError, BrokenPipeError):

@@ -283,8 +283,8 @@ class Throttled:
     def __init__(self, collector, interval_s: float):
         self._collector = collector
         self._interval_s = interval_s
-        self._read_at = None
-        self._families = []
+        self._read_at: float | None = None
+        self._families: list[Metric] = []
 
     def collect(self):
         now = time.monotonic()

@@ -82,7 +82,7 @@ _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
 def parse_changes(changes: dict) -> dict:
     """{setting name: list of strings, or None to clear} -> {TraceSettings field: value or
     None}; unknown names and trace_mode are ignored, as in Triton."""
-    out = {}
+    out: dict[str, tuple[str, ...] | int | None] = {}
     for name, values in changes.items():
         if name == "trace_file":
             raise ServerError(Code.UNSUPPORTED, "trace file location can not be updated "
@@ -101,7 +101,7 @@ def parse_changes(changes: dict) -> dict:
     return out
 
 
-def _levels(values: list) -> tuple:
+def _levels(values: list) -> tuple[str, ...]:
     for value in values:
         if value not in LEVELS:
             raise ServerError(Code.INVALID_ARG, f"Unable to parse 'trace_level', got: {value} "
@@ -167,7 +167,10 @@ class Tracer:
         self._samplers: dict[str, _Sampler] = {}  # model name -> its sampler, if overridden
         self._ids = itertools.count(1)
         # Traces in progress by id, for a BLS request that names its caller's.
-        self._open = weakref.WeakValueDictionary()
+        self._open: weakref.WeakValueDictionary[int, Trace] = weakref.WeakValueDictionary()
+        # Where finished traces go, one of the two: an OpenTelemetry collector, or the file.
+        self._file: TraceFile | None
+        self._exporter: otel.SpanExporter | None
         if self._initial.otel is not None:
             self._file = None
             self._exporter = otel.SpanExporter(self._initial.otel)
@@ -251,8 +254,9 @@ class Tracer:
         self._open.pop(trace.id, None)
         if self._exporter is not None:
             if trace.events:
+                assert trace.span_ids is not None  # every trace has them when spans are exported
                 self._exporter.add(otel.spans(trace.events, trace.span_ids, self._clock_offset))
-        else:
+        elif self._file is not None:
             self._file.add(trace.events, trace.log_frequency)
 
     def close(self) -> None:
@@ -260,7 +264,7 @@ class Tracer:
         exports the spans still queued."""
         if self._exporter is not None:
             self._exporter.close()
-        else:
+        elif self._file is not None:
             self._file.close()
 
 
@@ -274,13 +278,13 @@ class Trace:
                  log_frequency: int):
         self._tracer = tracer
         self.id = trace_id
-        self.parent_id = None
+        self.parent_id: int | None = None
         self.tensors = tensors
         self.timestamps = timestamps
         self.log_frequency = log_frequency
         self.events: list = []
         self._finished = False
-        self.span_ids = None  # its otel.SpanIds, in the opentelemetry mode
+        self.span_ids: otel.SpanIds | None = None  # in the opentelemetry mode
 
     def model(self, name: str, version: int, request_id: str) -> None:
         event = {"id": self.id, "model_name": name, "model_version": int(version),
@@ -349,7 +353,7 @@ class TraceFile:
         self._traces = 0
         self._index = 0
         self._numbered = False  # the latest trace's log frequency was not 0
-        self._writer = None
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
 
     def add(self, events: list, log_frequency: int) -> None:
         self._pending.extend(events)

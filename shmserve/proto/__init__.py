@@ -10,6 +10,8 @@ Every top-level message of package `inference` is an attribute of this module
 (`ModelInstanceGroup.KIND_GPU`); the top-level enum is `DataType` (`DataType.Value("TYPE_FP32")`).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
@@ -39,6 +41,11 @@ def _inference_messages() -> dict[str, type]:
 
 _MESSAGES = _inference_messages()
 globals().update(_MESSAGES)
+
+if TYPE_CHECKING:
+    # To mypy, the classes globals().update made are unknown names: it sees them through this
+    # hook, as classes whose fields it cannot know (there are no generated stubs to tell it).
+    def __getattr__(name: str) -> Any: ...
 
 HealthCheckRequest = _message_class(POOL.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest"))
 HealthCheckResponse = _message_class(

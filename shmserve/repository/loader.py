@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import time
+from typing import Any, Awaitable, Callable, TypeGuard
 
 from shmserve import proto
 from shmserve import registry as reg
@@ -31,6 +32,7 @@ from shmserve.dispatch.worker import WorkerHandle
 from shmserve.errors import ServerError, invalid_arg, status_text
 from shmserve.extensions.classification import read_labels
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
+from shmserve.ipc.messages import ServerCall
 from shmserve.observability.stats import ModelStats, first_response_bounds_ms
 from shmserve.observability.summaries import LatencySummaries
 from shmserve.repository.config_completion import complete_model_config
@@ -125,9 +127,9 @@ class Loader:
         self._auto_complete = not disable_auto_complete
         self.load_retries = load_retries
         # Runs an ensemble's steps (DataPlane.run_step); set by the server.
-        self.step_runner = None
+        self.step_runner: Callable[..., Any] | None = None
         # Serves the models' calls into the server (model_calls.ServerCalls); set by the server.
-        self.server_calls = None
+        self.server_calls: Callable[[WorkerHandle, ServerCall], None] | None = None
 
     async def load_all(self, entries: list) -> None:
         """Load the models of `entries` (ModelEntry), each ensemble after its steps."""
@@ -198,7 +200,8 @@ class Loader:
         if plan is not None:
             loaded = [self._ensemble_version(entry, config, plan, v) for v in to_load]
         else:
-            jobs, updated = [], {}
+            jobs: list[Awaitable[reg.ModelVersion | str]] = []
+            updated: dict[int, reg.ModelVersion] = {}
             for v in to_load:
                 source = version_source(entry.path, v, self._config_name)
                 serving = rec.versions.get(v)
@@ -208,8 +211,11 @@ class Loader:
                 else:
                     jobs.append(self._load_version(rec, entry, config, v, source))
             results = await asyncio.gather(*jobs)
-            loaded = [updated.get(v, result) for v, result in zip(to_load, results)]
-            updates = {v: result for v, result in zip(to_load, results) if v in updated}
+            # An update in place answers why it failed ("" if it did not), a load the version.
+            loaded = [updated[v] if isinstance(result, str) else result
+                      for v, result in zip(to_load, results)]
+            updates = {v: result for v, result in zip(to_load, results)
+                       if isinstance(result, str)}
             for attempt in range(1, self.load_retries + 1):
                 failed = [i for i, mv in enumerate(loaded)
                           if not mv.ready and mv.version not in updates]
@@ -228,7 +234,7 @@ class Loader:
         if not loaded:
             return (f"at least one version must be available under the version policy of "
                     f"model '{entry.name}'"), retired
-        failures = []
+        failures: list[tuple[int, str] | tuple[int, str, str]] = []
         for mv in loaded:
             if mv.version in updates:
                 if updates[mv.version]:  # it serves on (if it still can) as it was
@@ -290,6 +296,7 @@ class Loader:
             name=entry.name, version=version, config=config,
             config_json=config_to_json(config), signature=ModelSignature.from_config(config),
             platform=ENSEMBLE_PLATFORM, stats=self._new_stats(config))
+        assert self.step_runner is not None  # the server sets it before it loads models
         mv.scheduler = EnsembleScheduler(plan, self.step_runner, mv.stats)
         mv.state = reg.READY
         log.info("ensemble '%s' version %d is ready (steps: %s)", entry.name, version,
@@ -449,7 +456,7 @@ class Loader:
     async def stop_versions(self, versions) -> None:
         """Stop the workers of versions that no longer take requests; they become
         UNAVAILABLE, reason "unloaded", as Triton shows unloaded versions."""
-        stops = []
+        stops: list[Awaitable[None]] = []
         for mv in versions:
             mv.state = reg.UNLOADING
             if mv.scheduler is not None:
@@ -497,7 +504,8 @@ def _install(rec, loaded: list) -> list:
     return retired
 
 
-def _updatable(serving, config, source: tuple) -> bool:
+def _updatable(serving: reg.ModelVersion | None, config, source: tuple
+               ) -> TypeGuard[reg.ModelVersion]:
     """Whether a reload of the version `serving` (or None) to `config`, its files now being
     `source`, updates its instances in place rather than loading it anew (as Triton decides
     in its ModelLifeCycle::AsyncLoad): it serves, is no ensemble, its files are unchanged, and

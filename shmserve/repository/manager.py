@@ -52,7 +52,7 @@ class ModelManager:
         self._uploads: dict[str, str] = {}  # model -> temporary directory of its `file:` load
         self._explicit: set = set()  # models loaded by name (not only as an ensemble's step)
         self._retiring: set = set()
-        self._poller = None
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def repositories(self) -> list[str]:
@@ -106,7 +106,7 @@ class ModelManager:
 
     def repository_names(self) -> list:
         """The models of the repositories, loaded or not, as the index lists them."""
-        names = set()
+        names: set[str] = set()
         for root in self.repositories:
             try:
                 names.update(e.name for e in scan_repository(root))

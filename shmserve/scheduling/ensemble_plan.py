@@ -8,9 +8,7 @@ from typing import Callable
 
 from shmserve.config.normalize import WILDCARD_DIM
 from shmserve.errors import invalid_arg
-# The message classes are made at import (globals().update in shmserve/proto), out of mypy's
-# sight.
-from shmserve.proto import DataType, ModelInstanceGroup  # type: ignore[attr-defined]
+from shmserve.proto import DataType, ModelInstanceGroup
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "perf"))
-import soak  # noqa: E402  (perf/ holds scripts, not a package)
+from soaking.report import growth_table, rss_peaks  # noqa: E402  (perf/ holds scripts, not a package)
 
 
 def samples_of(front_rss: list, warm_at: int, pid: int = 7) -> tuple:
@@ -21,9 +21,9 @@ def test_a_swing_without_a_trend_is_flat_though_the_held_samples_differ():
     # The run of 2026-11-28: held 103.0 after warm-up and 110.3 at the end, +7 %.
     rss = [100, 108, 106, 104, 107, 107, 103, 105, 108, 109, 90, 106, 109, 104, 110.3]
     samples, warm, end = samples_of(rss, warm_at=6)
-    assert soak.rss_peaks(samples, warm, "front") == (109, 110.3)
+    assert rss_peaks(samples, warm, "front") == (109, 110.3)
     errors = []
-    soak.growth_table(samples, warm, end, errors)
+    growth_table(samples, warm, end, errors)
     assert errors == []
 
 
@@ -31,9 +31,9 @@ def test_a_leak_lifts_the_later_peak():
     # 1 MiB a sample from the warm sample on; each window is 6 samples wide.
     rss = [100, 101, 100, 101, 100, 101] + [100 + i for i in range(15)]
     samples, warm, end = samples_of(rss, warm_at=6)
-    assert soak.rss_peaks(samples, warm, "front") == (105, 114)
+    assert rss_peaks(samples, warm, "front") == (105, 114)
     errors = []
-    soak.growth_table(samples, warm, end, errors)
+    growth_table(samples, warm, end, errors)
     assert errors == ["front: peak RSS grew +8.6% (105.0 → 114.0 MiB)"]
 
 
@@ -41,5 +41,5 @@ def test_a_process_replaced_since_the_warm_up_is_reported_not_measured():
     samples, warm, end = samples_of([100] * 10, warm_at=3)
     end["procs"]["front"] = dict(pid=8, rss_mib=100, fds=9)
     errors = []
-    soak.growth_table(samples, warm, end, errors)
+    growth_table(samples, warm, end, errors)
     assert errors == ["process front: 7 at warm-up, 8 at the end"]
