@@ -216,9 +216,10 @@ class OpenAIRoutes:
             return _json(answer.whole("".join(text), usage.completion()))
         self.dp.stream_opened()
         try:
-            return await self._event_stream(request, infer_request, body, answer)
+            await self._event_stream(request, infer_request, body, answer)
         finally:
             self.dp.stream_closed()
+        return None  # the answer went out as the stream
 
     async def _run(self, infer_request, take) -> "_Usage":
         """Runs the request to its end, handing each response to `take`; the token counts of
@@ -274,7 +275,6 @@ class OpenAIRoutes:
             await stream.write(answer.usage_chunk(usage.completion()))
         await stream.write(_DONE)
         await stream.end()
-        return None
 
 
 class _Usage:

@@ -192,7 +192,7 @@ def parse(schema: type[BaseModel], body: bytes) -> Any:
         raise SchemaError([_fastapi_error(e) for e in exc.errors(include_url=False)]) from None
 
 
-def _fastapi_error(error: dict) -> dict:
+def _fastapi_error(error: Any) -> dict:
     out = {"type": error["type"], "loc": ["body", *error["loc"]], "msg": error["msg"],
            "input": error.get("input")}
     ctx = error.get("ctx")
