@@ -51,7 +51,7 @@ class InferRequest:
     # The W3C traceparent header the client sent, noted while some settings trace: in the
     # opentelemetry trace mode the request is then traced, in the client's trace.
     traceparent: str = ""
-    # The request_templates.RequestTemplate it was filled from, if any.
+    # The fastpath.request_templates.RequestTemplate it was filled from, if any.
     template: Any = None
     # Its answer to its client, prepared by the transport up to the outputs' bytes, that the
     # model's worker may write (see dispatch.work_types.PreparedAnswer); None for none.

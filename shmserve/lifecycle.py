@@ -2,7 +2,7 @@
 dataplane found its model:
 
     admit     check it against the model (admission.py), or by its template's check on
-              record (checked_templates.py); start its trace if the tracer samples it
+              record (fastpath/checked_templates.py); start its trace if the tracer samples it
     schedule  hand it to the model's scheduler, unless the default queue bound is reached
     execute   the scheduler runs it in a batch on a worker of one of the model's instances
     respond   turn the work response into the transports' InferResponse (responses.py)
@@ -20,13 +20,14 @@ import logging
 import sys
 import time
 
-from shmserve import admission, checked_templates, eager, responses
+from shmserve import admission, eager, responses
 from shmserve.admission import Admitted
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.work_types import WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
+from shmserve.fastpath import checked_templates
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.observability import logs
 from shmserve.observability.request_trace import (trace_execution, trace_request,

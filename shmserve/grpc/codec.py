@@ -11,7 +11,7 @@ from shmserve import proto
 from shmserve.errors import internal, invalid_arg
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
-from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
+from shmserve.fastpath.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 # The one `triton_` request parameter a client may send (ModelStreamInfer's empty final response).
 _ALLOWED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
@@ -123,7 +123,8 @@ _MAX_SPLIT_FIELDS = 1024
 
 
 # Requests whose fields before raw_input_contents are the same bytes are decoded once (see
-# request_templates.py): those bytes key (the template, which inputs take a raw entry).
+# fastpath/request_templates.py): those bytes key (the template, which inputs take a raw
+# entry).
 _TEMPLATES = BoundedCache()
 
 

@@ -19,7 +19,7 @@ from shmserve.inference import (
     RequestedOutput,
 )
 from shmserve.ipc import datatypes
-from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
+from shmserve.fastpath.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 # Triton's words, for infer and generate (with status 500: its JSON library's type errors).
 ID_NOT_STRING = "Unable to parse 'id': attempt to access JSON non-string as string"
@@ -108,8 +108,8 @@ def decode_infer_request(
 
 
 # Requests with the same JSON header, and as many binary bytes after it, are decoded once
-# (see request_templates.py): the header keys (the template, each input's span of the body,
-# the OutputFormat, which is only read and so shared).
+# (see fastpath/request_templates.py): the header keys (the template, each input's span of the
+# body, the OutputFormat, which is only read and so shared).
 _TEMPLATES = BoundedCache()
 
 
