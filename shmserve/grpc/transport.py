@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from shmserve import eager
+from shmserve.fastpath.connection_loans import ConnectionLoans
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
 from shmserve.grpc import http2
 from shmserve.grpc.inbound import STREAM_WINDOW, WBITS, Compressed, Inbound
 # The status codes are this module's too: the servicer names them from here (`X as X`: the
@@ -70,8 +72,6 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 _RANKED = (b"gzip", b"deflate")
 _ENCODED_HEADERS = {name: _RESPONSE_HEADERS + ((b"grpc-encoding", name),) for name in _RANKED}
-# What a unary handler returns when its answer was written by other means (lend_answer).
-SENT = object()
 # Triton's answer to a call, or a request on an open stream, once the server is stopping.
 SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 
@@ -204,15 +204,9 @@ class _Connection(asyncio.Protocol):
         self._aging: asyncio.TimerHandle | None = None  # --grpc-max-connection-age
         self._window_waiters: list = []  # futures of calls waiting for a send window
         self._keepalive: asyncio.TimerHandle | None = None  # next PING, or its deadline
-        # Answers lent to a model's worker (lend_answer) whose batches are not over, and that
-        # worker: until they are, this side writes nothing.
-        self._lent = 0
-        self._lent_to = None
-        # A lent socket once took only part of its answers: no more loans, so that no worker
-        # writes while this side still has the rest to write.
-        self._backed_up = False
-        self._fd = -1  # the socket's descriptor, when it may be lent (not TLS)
-        self.memo = None  # the servicer's, per connection (its prepared answers)
+        # Its socket as lent to models' workers, for the answers they write (the fast path):
+        # while an answer is lent, this side writes nothing.
+        self.loans = ConnectionLoans(self)
         self._reading_paused = 0  # why reading is paused: _WRITES_PAUSED, _PARSING, _TURN
         self._turn_bytes = 0  # read since reading was last paused for a turn
         self.inbound: Inbound | None = None  # the messages its clients send
@@ -228,7 +222,7 @@ class _Connection(asyncio.Protocol):
         limits = server.limits
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
-            self._fd = sock.fileno()
+            self.loans.fd = sock.fileno()
         self.http2 = http2.ServerConnection(
             self, max_concurrent_streams=MAX_CONCURRENT_STREAMS, stream_window=STREAM_WINDOW,
             connection_window=CONNECTION_WINDOW, max_frame_size=MAX_FRAME_SIZE,
@@ -336,7 +330,7 @@ class _Connection(asyncio.Protocol):
 
     # Writing
     def flush(self) -> None:
-        if self._lent:  # a model's worker may be writing: ours wait (answer_returned)
+        if self.loans.lent:  # a model's worker may be writing: ours wait (loans_over)
             return
         chunks = self.http2.data_to_send()
         if chunks and not self.transport.is_closing():
@@ -352,63 +346,52 @@ class _Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self.flush()
 
-    # Answers a model's worker writes (see prepared_answers.py)
-    def lend_answer(self, call: _Call, holder, message_size: int):
-        """Lend the socket for `call`'s answer, one message of `message_size` bytes, to the
-        worker `holder` (a token): (the socket's descriptor, the frames before the message
-        and after it), or None when it cannot be lent now. A connection is lent to one
-        worker at a time, which writes its batches' answers in turn (a client often sends
-        its next call before the front has heard that the worker answered the last), and
-        only when nothing of ours waits to be written: a loan to a later batch would hold
-        up our frames (a PING's ACK, a WINDOW_UPDATE, an error) for longer still."""
-        if self._fd < 0 or call.finished or call.headers_sent or call.response_encoding \
-                or message_size > self.server.max_message_size or self._backed_up \
-                or self._lent_to not in (None, holder) or self.transport.is_closing() \
+    # Its socket lent to a model's worker (fastpath/connection_loans.py's LoanHooks): a
+    # unary call's answer, framed for its stream; this side writes nothing meanwhile.
+    def lend_stream(self, call: _Call, size: int, first: bool):
+        """The frames before `call`'s answer (its HEADERS, the head of one DATA frame, the
+        message's prefix) and after it (the trailers), once the stream is the worker's. Only
+        when nothing of ours waits to be written: a loan to a later batch would hold up our
+        frames (a PING's ACK, a WINDOW_UPDATE, an error) for longer still."""
+        if call.finished or call.headers_sent or call.response_encoding \
+                or size > self.server.max_message_size or self.transport.is_closing() \
                 or (self._paused is not None and not self._paused.done()):
             return None
-        if not self._lent:
+        if first:
             self.flush()
             if self.transport.get_write_buffer_size():
                 return None
         elif self.http2.has_output():
             return None  # this side has something to say: the loans end first
-        data_size = message_size + 5
+        data_size = size + 5
         frames = self.http2.lend_stream(call.stream_id, _RESPONSE_HEADERS, data_size,
                                         _OK_TRAILERS)
         if frames is None:
             return None
         before, after = frames
         call.lent = data_size
-        self._lent += 1
-        self._lent_to = holder
-        return self._fd, before + b"\0" + message_size.to_bytes(4, "big"), after
+        return before + b"\0" + size.to_bytes(4, "big"), after
 
-    def answer_returned(self, call: _Call, unsent) -> None:
-        """The worker is done with `call`'s answer: `unsent` is what the socket did not take
-        of it (written here at once: the worker writes no more to a socket that left some,
-        workers/answers.py), or None when it did not write it (this side answers as usual).
-        The connection's own frames go out after the last lent answer."""
-        written = unsent is not None
+    def stream_returned(self, call: _Call, written: bool) -> None:
+        """A call whose answer the worker wrote is over; one it did not write is answered
+        here as usual."""
         self.http2.return_stream(call.stream_id, call.lent, written, not call.finished)
         call.lent = 0
-        if unsent:
-            self._backed_up = True
-            if not self.transport.is_closing():
-                self.transport.write(unsent)
-        if written and not call.finished:
-            call.finished = True
-            self._forget(call)
-        self._lent -= 1
-        if not self._lent:
-            self._lent_to = None
-            self.flush()
-        if not written and call.expired and not call.finished and call.task is not None:
+        if written:
+            if not call.finished:
+                call.finished = True
+                self._forget(call)
+        elif call.expired and not call.finished and call.task is not None:
             call.task.cancel()  # its deadline passed while the worker had it
 
-    def answer_lost(self) -> None:
-        """The worker died while it wrote a lent answer: the client may have part of its
-        frames, so the connection closes."""
-        self._lent -= 1
+    def write_now(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def loans_over(self) -> None:
+        self.flush()
+
+    def loan_lost(self, last: bool) -> None:
         self.transport.close()
 
     def goaway(self) -> None:
@@ -525,7 +508,7 @@ class _Connection(asyncio.Protocol):
         call.deadline = None
         if call.finished:
             return
-        if call.lent:  # its answer may be on the wire already: answer_returned decides
+        if call.lent:  # its answer may be on the wire already: stream_returned decides
             call.expired = True
             return
         if call.task is not None and not call.task.done():
@@ -591,7 +574,7 @@ class _Connection(asyncio.Protocol):
         """--grpc-max-connection-idle: GOAWAY once no call has been open that long."""
         idle = self.server.limits.max_connection_idle
         now = self.loop.time()
-        if self.calls or self._lent:
+        if self.calls or self.loans.lent:
             self._idle = self.loop.call_later(idle, self._check_idle)
         elif now - self._idle_since < idle:
             self._idle = self.loop.call_later(self._idle_since + idle - now, self._check_idle)
@@ -606,7 +589,7 @@ class _Connection(asyncio.Protocol):
         """The server stops taking calls: GOAWAY; calls in flight finish, then it closes."""
         self.goaway()
         self._leaving = True
-        if not self.calls and not self._lent:
+        if not self.calls and not self.loans.lent:
             self.transport.close()
 
     def on_goaway(self) -> None:
@@ -633,7 +616,7 @@ class _Connection(asyncio.Protocol):
         if type(call.messages[0]) is Compressed:
             await self.inbound.inflate_first(call)
         response = await call.method.handler(self.take(call), call)
-        if response is not SENT:
+        if response is not WRITTEN_BY_WORKER:
             await self._send_message(call, call.method.serialize(response))
 
     async def _stream(self, call: _Call) -> None:

@@ -20,6 +20,8 @@ import httptools
 import orjson
 
 from shmserve import eager
+from shmserve.fastpath.connection_loans import ConnectionLoans
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
 
 log = logging.getLogger("shmserve.http")
 
@@ -102,9 +104,8 @@ class Response:
             self.headers["Content-Type"] = content_type
 
 
-# Returned by a handler whose answer goes to the socket by other means (see
-# _Connection.lend_socket): nothing is left to write.
-SENT = Response(0)
+# An HTTP/1.1 answer goes to the socket as it is: nothing before or after it.
+_UNFRAMED = (b"", b"")
 
 
 class _HeldWrites:
@@ -196,16 +197,9 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.loop = server.loop
         self.transport = None
-        self.fileno = -1  # the socket's descriptor
-        # Answers lent to a model's worker (lend_socket) that it has not finished writing, and
-        # that worker: meanwhile the transport is a _HeldWrites.
-        self._lent = 0
-        self._lent_to = None
-        # The socket once took only part of a worker's answer: no more loans (the worker
-        # writes no more to it either).
-        self._backed_up = False
-        # What a handler keeps from one request of the connection to the next.
-        self.memo = None
+        # Its socket as lent to models' workers, for the answers they write (the fast path):
+        # while an answer is lent, the transport is a _HeldWrites.
+        self.loans = ConnectionLoans(self)
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque = deque()  # requests read and not yet served, in order
         self.task: asyncio.Task | None = None
@@ -239,7 +233,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            self.fileno = sock.fileno()
+            self.loans.fd = sock.fileno()
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -511,7 +505,7 @@ class _Connection(asyncio.Protocol):
             stream = request._stream
             if stream is not None:
                 await stream.end()
-            elif response is SENT:
+            elif response is WRITTEN_BY_WORKER:
                 pass
             elif response is not None:
                 self.write_response(request, response)
@@ -528,53 +522,44 @@ class _Connection(asyncio.Protocol):
     # Writing
     def lendable(self) -> bool:
         """Whether an answer on this connection may be written by a model's worker: not one
-        that must say the connection closes."""
-        return not (self.closing or self.server.stopping or self.transport.is_closing()
-                    or self._backed_up or self.fileno < 0)
+        that must say the connection closes (a head prepared earlier would not say it)."""
+        return self.loans.lendable and not (self.closing or self.server.stopping
+                                             or self.transport.is_closing())
 
-    def lend_socket(self, holder) -> int:
-        """The socket's descriptor, for the worker `holder` (a token) to write the answer
-        being served (the handler then returns SENT), or -1 when that could come out of
-        order: this side has bytes of its own waiting to be written, or the socket is lent
-        to another worker. One worker writes its batches' answers in turn, so a request
-        served after the handler returned may be lent to it again. What this side writes
-        meanwhile waits until the worker is done (answer_returned)."""
+    # Its socket lent to a model's worker (fastpath/connection_loans.py's LoanHooks): one
+    # answer at a time, unframed; what this side writes meanwhile waits (_HeldWrites).
+    def lend_stream(self, stream, size: int, first: bool):
+        """Not when the answer could come out of order: while this side has bytes of its own
+        waiting to be written. A request served after the handler returned may be lent to
+        the same worker again (its batches write in turn)."""
         if not self.lendable():
-            return -1
+            return None
         transport = self.transport
-        if self._lent:
-            if self._lent_to is not holder or transport.ops:
-                return -1  # what waits would come after the worker's next answer
+        if not first:
+            if transport.ops:
+                return None  # what waits would come after the worker's next answer
         elif transport.get_write_buffer_size():
-            return -1
+            return None
         else:
             self.transport = _HeldWrites(transport)
-        self._lent += 1
-        self._lent_to = holder
-        return self.fileno
+        return _UNFRAMED
 
-    def answer_returned(self, unsent) -> None:
-        """The worker is done with a lent answer: `unsent` is what the socket did not take
-        (written first), or None when the worker did not write it (the handler answers).
-        The last one ends the loan, and what waited is written."""
+    def stream_returned(self, stream, written: bool) -> None:
+        pass  # the handler answers an answer the worker did not write, as usual
+
+    def write_now(self, data: bytes) -> None:
+        socket_transport = self.transport.transport
+        if not socket_transport.is_closing():
+            socket_transport.write(data)
+
+    def loans_over(self) -> None:
         held = self.transport
-        if unsent:
-            self._backed_up = True
-            if not held.transport.is_closing():
-                held.transport.write(unsent)
-        self._lent -= 1
-        if not self._lent:
-            self._lent_to = None
-            self.transport = held.transport
-            held.replay()
+        self.transport = held.transport
+        held.replay()
 
-    def answer_lost(self) -> None:
-        """The worker died while it wrote a lent answer: the client may have part of it, so
-        the connection closes."""
+    def loan_lost(self, last: bool) -> None:
         self.closing = True
-        self._lent -= 1
-        if not self._lent:
-            self._lent_to = None
+        if last:
             self.transport = self.transport.transport
         self.transport.close()
 

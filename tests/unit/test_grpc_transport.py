@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
 from shmserve.grpc import inbound, transport
 from shmserve.grpc.transport import GrpcServer, Method, _percent_encode, _timeout_seconds
 from tests.unit.bounds import peak_allocation
@@ -314,7 +315,7 @@ def test_an_old_connection_is_sent_goaway_and_closed_once_its_calls_end():
     asyncio.run(main())
 
 
-# -- answers a model's worker writes (lend_answer; see shmserve/grpc/prepared_answers.py) -------
+# -- answers a model's worker writes (the fast path; see shmserve/fastpath/connection_loans.py) --
 
 class _LendableSocket(asyncio.Transport):
     """A transport on a real socket, whose descriptor a 'worker' (the handler below) writes
@@ -351,7 +352,7 @@ def _lending_call(release: asyncio.Event, loans: list):
     async def handler(request, call):
         message = bytes(request)
         holder, how = message.split(b"|")
-        lent = call.conn.lend_answer(call, holder, len(message))
+        lent = call.conn.loans.lend(holder, call, len(message))
         loans.append(lent is not None)
         if lent is None:
             return message
@@ -359,8 +360,8 @@ def _lending_call(release: asyncio.Event, loans: list):
         if how != b"unwritten":
             os.write(fd, before + message + after)
         await release.wait()
-        call.conn.answer_returned(call, None if how == b"unwritten" else b"")
-        return message if how == b"unwritten" else transport.SENT
+        call.conn.loans.returned(call, None if how == b"unwritten" else b"")
+        return message if how == b"unwritten" else WRITTEN_BY_WORKER
     return Method(handler, None, bytes, False)
 
 

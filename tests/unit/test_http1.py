@@ -779,24 +779,31 @@ def _served_connection():
         server.loop.close()
 
 
+def _lend(conn, holder) -> int:
+    """Lend the connection's socket for an answer, as a model's worker is (the fast path):
+    its descriptor, or -1."""
+    lent = conn.loans.lend(holder, None, 0)
+    return -1 if lent is None else lent[0]
+
+
 def test_the_socket_is_lent_only_while_an_answer_written_there_is_right():
-    """lend_socket: not when this side has bytes waiting, nor when the answer must say the
-    connection closes (a head prepared earlier would not say it)."""
+    """Not when this side has bytes waiting, nor when the answer must say the connection
+    closes (a head prepared earlier would not say it)."""
     with _served_connection() as (conn, transport, server):
-        assert conn.lend_socket("w") == -1  # no socket behind the fake transport
-        conn.fileno = 7
+        assert _lend(conn, "w") == -1  # no socket behind the fake transport
+        conn.loans.fd = 7
         transport.get_write_buffer_size = lambda: 10
-        assert conn.lend_socket("w") == -1
+        assert _lend(conn, "w") == -1
         transport.get_write_buffer_size = lambda: 0
         for flag in ("closing", "stopping"):
             target = conn if flag == "closing" else server
             setattr(target, flag, True)
-            assert conn.lend_socket("w") == -1 and not conn.lendable()
+            assert _lend(conn, "w") == -1 and not conn.lendable()
             setattr(target, flag, False)
-        assert conn.lend_socket("w") == 7
-        conn.answer_returned(None)
+        assert _lend(conn, "w") == 7
+        conn.loans.returned(None, None)
         transport.close()
-        assert conn.lend_socket("w") == -1
+        assert _lend(conn, "w") == -1
 
 
 def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
@@ -804,17 +811,17 @@ def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
     request: this side's writes wait, in order, and a socket that took only part of the
     worker's answer gets the rest first and is not lent again."""
     with _served_connection() as (conn, transport, _):
-        conn.fileno = 7
-        assert conn.lend_socket("w") == 7
-        assert conn.lend_socket("w") == 7  # the same worker's next batch: in turn
-        assert conn.lend_socket("v") == -1  # another worker could write at the same time
+        conn.loans.fd = 7
+        assert _lend(conn, "w") == 7
+        assert _lend(conn, "w") == 7  # the same worker's next batch: in turn
+        assert _lend(conn, "v") == -1  # another worker could write at the same time
         conn.transport.write(b"<ours>")
         conn.transport.close()
-        assert conn.lend_socket("w") == -1  # ours would come after its next answer
+        assert _lend(conn, "w") == -1  # ours would come after its next answer
         assert transport.out == b"" and not transport.closed
-        conn.answer_returned(b"rest")
+        conn.loans.returned(None, b"rest")
         assert transport.out == b"rest"  # the rest at once: the worker is done with it
-        conn.answer_returned(None)
+        conn.loans.returned(None, None)
         assert transport.out == b"rest<ours>" and transport.closed
         assert conn.transport is transport
         assert not conn.lendable()  # backed up once: no more loans
@@ -822,9 +829,9 @@ def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
 
 def test_a_worker_that_dies_while_it_writes_closes_the_connection():
     with _served_connection() as (conn, transport, _):
-        conn.fileno = 7
-        conn.lend_socket("w")
-        conn.answer_lost()
+        conn.loans.fd = 7
+        _lend(conn, "w")
+        conn.loans.lost()
         assert transport.closed and conn.transport is transport
 
 

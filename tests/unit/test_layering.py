@@ -40,11 +40,13 @@ LAYERS = (
     ("repository", ("shmserve.repository",)),
     ("registry", ("shmserve.registry",)),
     ("scheduling", ("shmserve.scheduling",)),
-    ("dispatch", ("shmserve.dispatch",)),
+    ("dispatch", ("shmserve.dispatch", "shmserve.fastpath.worker_loans")),
     ("ipc", ("shmserve.ipc",)),
 )
 BASE = ("shmserve.errors", "shmserve.inference", "shmserve.signature", "shmserve.eager",
-        "shmserve.proto", "shmserve.config", "shmserve.fastpath.request_templates")
+        "shmserve.proto", "shmserve.config", "shmserve.fastpath.request_templates",
+        "shmserve.fastpath.answer_loan", "shmserve.fastpath.prepared_answers",
+        "shmserve.fastpath.connection_loans")
 # The packages themselves (shmserve/__init__.py holds only __version__, fastpath/__init__.py
 # only its docstring), base as well.
 PACKAGE = ("shmserve", "shmserve.__version__", "shmserve.fastpath")
