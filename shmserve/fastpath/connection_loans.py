@@ -1,7 +1,8 @@
 """A client connection's part in the fast path's answers: the layout of its last answer, and
 the loans of its socket to model workers (docs/fast-path.md).
 
-Both transports' connections hold one ConnectionLoans (http/http1.py, grpc/transport.py). It keeps what is the same for both: which worker has the socket, how many
+Both transports' connections hold one ConnectionLoans (http/http1_connection.py,
+grpc/transport.py). It keeps what is the same for both: which worker has the socket, how many
 answers it holds, whether the socket ever refused part of one (then no more loans), and what
 the next request of the same template takes along (prepared_answers.PreparedAnswer). What
 differs, it asks of the connection through LoanHooks: how an answer is framed on its stream,

@@ -19,7 +19,8 @@ from shmserve.errors import Code, ModelError, ServerError
 from shmserve.extensions import header_forwarding, restricted_api
 from shmserve.http import codec, compression, generate, raw_request, region_routes
 from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
-from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.http.http1 import HttpServer
+from shmserve.http.http1_messages import Request, Response, error_response
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.observability.stats import stats_json
 from shmserve.observability.tracing import SETTING_NAMES
