@@ -2,11 +2,12 @@
 the loans of its socket to model workers (docs/fast-path.md).
 
 Both transports' connections hold one ConnectionLoans (http/http1_connection.py,
-grpc/transport.py). It keeps what is the same for both: which worker has the socket, how many
+grpc/connection.py). It keeps what is the same for both: which worker has the socket, how many
 answers it holds, whether the socket ever refused part of one (then no more loans), and what
 the next request of the same template takes along (prepared_answers.PreparedAnswer). What
-differs, it asks of the connection through LoanHooks: how an answer is framed on its stream,
-how the connection holds its own writes meanwhile, and what it does when the loans end.
+differs, it asks of the connection through LoanHooks (http/http1_loans.py, grpc/loans.py): how
+an answer is framed on its stream, how the connection holds its own writes meanwhile, and what
+it does when the loans end.
 
 A connection is lent to one worker at a time, whose batches write in turn (a client often sends
 its next request before the front has heard that the worker wrote the last answer); its loans

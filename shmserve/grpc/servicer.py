@@ -1,7 +1,8 @@
 """gRPC endpoints: inference.GRPCInferenceService and grpc.health.v1.Health.
 
-Each RPC decodes, calls the dataplane, and encodes; transport.py carries the calls. Methods are
-registered by path over our private-pool message classes, so no generated stubs are needed.
+Each RPC decodes, calls the dataplane, and encodes; transport.py and its connections carry
+the calls. Methods are registered by path over our private-pool message classes, so no
+generated stubs are needed.
 """
 
 import asyncio

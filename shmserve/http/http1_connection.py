@@ -133,7 +133,7 @@ class Connection(RequestReader, RepeatedHeads, LentSocket, asyncio.Protocol):
             if stream is not None:
                 await stream.end()
             elif response is WRITTEN_BY_WORKER:
-                pass
+                pass  # the fast path: the model's worker wrote the answer
             elif response is not None:
                 self.write_response(request, response)
                 if response.on_sent is not None:
