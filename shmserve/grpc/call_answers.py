@@ -115,9 +115,8 @@ class CallAnswers:
 
         A unary call's answer is written by the flush_soon it asks for, with the others of
         the same turn of the loop. A stream's message is written at once: streamed responses
-        are wanted as they come, and in alternating runs (repeat, 100 responses, c1) the
-        time to first response fell from 734-812 to 686-689 µs (medians of 6-7 rounds),
-        for about 2 % fewer responses/s at c8."""
+        are wanted as they come, and the first one comes sooner for a little fewer
+        responses/s under load (perf/findings/2026-11-streaming.md)."""
         conn = self.http2
         sid = call.stream_id
         if len(data) + 5 > min(conn.send_window(sid), conn.max_outbound_frame_size):

@@ -4,12 +4,12 @@ status trailers, metadata, deadlines, compression, message size limits) is this 
 server, and its connections (connection.py, with their calls: call.py, call_dispatch.py,
 call_answers.py).
 
-Why not grpcio's server: on the 2-core reference machine grpc.aio costs about 190 µs of CPU per
-unary call before a handler does anything (perf/transport_floor.py), much of it handing each
-event from its completion-queue thread to the loop. HTTP/2 fed by the loop's own protocol
-callbacks costs a fraction of that, and nothing crosses a thread. grpclib, the asyncio gRPC
-library built on the h2 HTTP/2 library, measured no better than grpc.aio here, and h2 itself
-was most of the cost (see http2.py), so both layers are ours and kept small.
+Why not grpcio's server: grpc.aio costs much more CPU per unary call before a handler does
+anything (perf/transport_floor.py; perf/findings/2026-11-transports.md), much of it handing
+each event from its completion-queue thread to the loop. HTTP/2 fed by the loop's own
+protocol callbacks costs a fraction of that, and nothing crosses a thread. grpclib, the asyncio
+gRPC library built on the h2 HTTP/2 library, measured no better than grpc.aio here, and h2
+itself was most of the cost (see http2.py), so both layers are ours and kept small.
 """
 
 import asyncio

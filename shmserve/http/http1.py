@@ -3,11 +3,11 @@ reads requests, and the event loop's own protocol callbacks drive everything els
 (keep-alive, pipelining in order, Expect: 100-continue, size limits, timeouts, chunked
 responses for event streams).
 
-Why not aiohttp, which served here before: on the 2-core reference machine it costs about
-40 µs of CPU per request before a handler runs (perf/transport_floor.py), most of it
-building request objects, header multidicts and a task chain this server never uses; the
-same echo on httptools costs 16 µs. The front is one CPU-bound thread, so that difference is
-HTTP throughput. Parsing HTTP is the part to leave to a library; the rest is small.
+Why not aiohttp: it costs much more CPU per request than the same echo on httptools before a
+handler runs (perf/transport_floor.py; perf/findings/2026-11-transports.md), most of it
+building request objects, header multidicts and a task chain this server never uses. The
+front is one CPU-bound thread, so that difference is HTTP throughput. Parsing HTTP is the part
+to leave to a library; the rest is small.
 
 Here the server: its connections are http1_connection.py (reading requests:
 http1_reader.py), and what handlers see of a request and answer with is http1_messages.py.
