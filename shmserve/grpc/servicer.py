@@ -228,10 +228,10 @@ class InferenceServicer:
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.written_by_worker:
+        if response.written_by_worker:  # the fast path: the model's worker wrote it
             response.done()
             return WRITTEN_BY_WORKER
-        if loans is not None:
+        if loans is not None:  # the fast path: this answer's layout, for the next request
             template = infer_request.template
             loans.learn(template, response.model_version,
                         codec.prepared_message(response) if template is not None else None)

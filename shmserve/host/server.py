@@ -119,7 +119,7 @@ class Options:
     # shmserve's own: an instance whose batches take less than this is sent its next batch
     # while it runs one (0: never, as Triton).
     pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US
-    # Models' workers may write infer answers over HTTP themselves (http/prepared_answers.py).
+    # Models' workers may write infer answers themselves (fastpath/prepared_answers.py).
     worker_answers: bool = True
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).

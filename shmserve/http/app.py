@@ -191,7 +191,7 @@ class HttpRoutes:
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "HTTP end point doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.written_by_worker:
+        if response.written_by_worker:  # the fast path: the model's worker wrote it
             return WRITTEN_BY_WORKER
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
@@ -205,6 +205,7 @@ class HttpRoutes:
         if out_header is not None:
             headers["Inference-Header-Content-Length"] = str(out_header)
         reply = Response(200, payload, headers=headers)
+        # The fast path: this answer's layout, for the connection's next request.
         if loans is not None and out_header is not None and request.connection.lendable():
             head = request.connection.head(200, headers, len(payload))
             loans.learn(infer_request.template, response.model_version,
