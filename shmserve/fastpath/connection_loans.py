@@ -44,6 +44,8 @@ class LoanHooks(Protocol):
 
 
 class ConnectionLoans:
+    """One client connection's loans, and the prepared answer its next request may take."""
+
     __slots__ = ("fd", "lent", "holder", "backed_up", "_hooks", "_key", "_version", "_layout")
 
     def __init__(self, hooks: LoanHooks):
