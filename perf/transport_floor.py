@@ -79,7 +79,8 @@ elif mode == "grpc-aio":
     uvloop.run(main())
 elif mode == "shmserve-http":
     import asyncio, uvloop
-    from shmserve.http.http1 import HttpServer, Response
+    from shmserve.http.http1 import HttpServer
+    from shmserve.http.http1_messages import Response
     async def main():
         async def infer(request):
             n = int(request.headers["inference-header-content-length"])

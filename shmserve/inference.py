@@ -51,11 +51,11 @@ class InferRequest:
     # The W3C traceparent header the client sent, noted while some settings trace: in the
     # opentelemetry trace mode the request is then traced, in the client's trace.
     traceparent: str = ""
-    # The request_templates.RequestTemplate it was filled from, if any.
+    # The fastpath.request_templates.RequestTemplate it was filled from, if any.
     template: Any = None
     # Its answer to its client, prepared by the transport up to the outputs' bytes, that the
-    # model's worker may write (see dispatch.work_types.PreparedAnswer); None for none.
-    answer: Any = None
+    # model's worker may write (fastpath/prepared_answers.PreparedAnswer); None for none.
+    prepared_answer: Any = None
     # Set by the dataplane while a decoupled model streams its responses: asks the model to
     # stop, its responses still read to the final one (a BLS caller's cancel()).
     ask_cancel: Any = None
@@ -87,9 +87,9 @@ class InferResponse:
     # The request's tracing.Trace, if sampled: the transport may stamp when it sent the
     # response before its turn of the event loop ends, when the trace is written.
     trace: Any = None
-    # The model's worker writes the request's prepared answer (InferRequest.answer) to the
-    # client itself: the transport only keeps its accounts.
-    sent: bool = False
+    # The model's worker writes the request's prepared answer (InferRequest.prepared_answer)
+    # to the client itself: the transport only keeps its accounts.
+    written_by_worker: bool = False
 
     def done(self) -> None:
         release, self.release = self.release, None

@@ -2,7 +2,7 @@
 dataplane found its model:
 
     admit     check it against the model (admission.py), or by its template's check on
-              record (checked_templates.py); start its trace if the tracer samples it
+              record (fastpath/checked_templates.py); start its trace if the tracer samples it
     schedule  hand it to the model's scheduler, unless the default queue bound is reached
     execute   the scheduler runs it in a batch on a worker of one of the model's instances
     respond   turn the work response into the transports' InferResponse (responses.py)
@@ -20,13 +20,14 @@ import logging
 import sys
 import time
 
-from shmserve import admission, checked_templates, eager, responses
+from shmserve import admission, eager, responses
 from shmserve.admission import Admitted
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.work_types import WorkRequest
 from shmserve.errors import BackendReadError, Code, ReadError, Refused, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager
 from shmserve.extensions.response_cache import CachedResponse, ResponseCache, request_key
+from shmserve.fastpath import checked_templates, prepared_answers
 from shmserve.inference import InferRequest, InferResponse
 from shmserve.observability import logs
 from shmserve.observability.request_trace import (trace_execution, trace_request,
@@ -60,10 +61,8 @@ class Lifecycle:
         """The one response of a request to a model that is not decoupled."""
         admitted = self.admit(request, mv)
         work = admitted.work
-        answer = request.answer
-        if answer is not None and work.trace is None and mv.answers_in_worker \
-                and answer.model_version == str(mv.version):
-            work.answer = answer
+        if request.prepared_answer is not None:  # the fast path: the worker may write it
+            work.prepared_answer = prepared_answers.for_work(request.prepared_answer, work, mv)
         key = None
         # Requests with tensors in shared memory are not cached: a client may rewrite a
         # region between requests that look the same.

@@ -58,7 +58,7 @@ class ModelVersion:
     @functools.cached_property
     def answers_in_worker(self) -> bool:
         """Its instance's worker may write a request's prepared answer (see
-        workers/answers.py): one worker runs the request and nothing in the front changes
+        workers/prepared_answers.py): one worker runs the request and nothing in the front changes
         the response on its way. Not for ensembles, sequences or decoupled models; not
         where responses must leave in request order across instances (preserve_ordering),
         where the front caches them, or where it reshapes outputs."""

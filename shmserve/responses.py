@@ -30,7 +30,7 @@ def infer_response(request: InferRequest, mv, work) -> InferResponse:
         outputs = [classify(o, classes[o.name], sig.max_batch_size > 0, mv.labels.get(o.name))
                    if o.name in classes else o for o in outputs]
     return InferResponse(mv.name, str(mv.version), request.id, work.parameters, outputs,
-                         release=work.release, sent=work.sent)
+                         release=work.release, written_by_worker=work.written_by_worker)
 
 
 def cached_response(request: InferRequest, mv, hit: CachedResponse) -> InferResponse:

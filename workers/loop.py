@@ -40,7 +40,7 @@ from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.segments import Segment
 from workers import cuda
-from workers.answers import ClientSockets, take_answers, write_answers
+from workers.prepared_answers import LentSockets, take_answers, write_answers
 from workers.backends.batch import Input, Request, Response
 from workers.device_tensors import DeviceInputs, KeptOutputs
 
@@ -77,7 +77,7 @@ class WorkerLoop:
         self._regions = reader.regions
         self._kept = KeptOutputs()
         self._device_inputs = DeviceInputs(self._kept, self._regions)
-        self._client_sockets = ClientSockets(init.answer_fd) if init.answer_fd >= 0 else None
+        self._lent_sockets = LentSockets(init.loan_fd) if init.loan_fd >= 0 else None
         # [batch id, unsent] of written answers the front has not been told of (see Written).
         self._written = []
 
@@ -115,8 +115,8 @@ class WorkerLoop:
             self._output_arena.close()
             self._table.close()
             self._reader.close()
-            if self._client_sockets is not None:
-                self._client_sockets.close()
+            if self._lent_sockets is not None:
+                self._lent_sockets.close()
 
     def _tell_written(self) -> None:
         for batch_id, unsent in self._written:
@@ -134,11 +134,11 @@ class WorkerLoop:
             # Polling after this batch is for its client's next request, when it waits alone.
             self._spin.min_idle_cores = STREAM_MIN_IDLE_CORES if msg.lone else MIN_IDLE_CORES
         # The batch's distinct client sockets, which the answers name by index.
-        sockets = max((r.answer[0] + 1 for r in msg.requests if r.answer is not None),
-                      default=0)
+        sockets = max((r.prepared_answer[0] + 1 for r in msg.requests
+                       if r.prepared_answer is not None), default=0)
         client_fds = []
-        if sockets and self._client_sockets is not None:
-            client_fds = self._client_sockets.take(msg.batch_id, sockets)
+        if sockets and self._lent_sockets is not None:
+            client_fds = self._lent_sockets.take(msg.batch_id, sockets)
         try:
             self._run_batch(msg, client_fds)
         finally:
@@ -205,13 +205,13 @@ class WorkerLoop:
         self._device_inputs.close()
         placing = time.perf_counter_ns()
         answers = []
-        by_worker = ()
+        written_by_worker = ()
         if client_fds:
             answers = take_answers(responses, msg.requests, client_fds,
-                                   self._client_sockets.backed_up, self._inline_threshold)
-            by_worker = {i for _, taken in answers for i, _ in taken}
+                                   self._lent_sockets.backed_up, self._inline_threshold)
+            written_by_worker = {i for _, taken in answers for i, _ in taken}
         # A null request's answer is dropped unread; a rescheduled request's is already empty.
-        frames = [_BY_WORKER if i in by_worker
+        frames = [_WRITTEN_BY_WORKER if i in written_by_worker
                   else self._frame(resp, r.output_regions, r.device_outputs) if r.ready
                   else _unread_frame()
                   for i, (resp, r) in enumerate(zip(responses, msg.requests))]
@@ -224,7 +224,7 @@ class WorkerLoop:
                                            timings.start_ns, written))
         if answers:
             # After the Result: the front serves the clients' next requests meanwhile.
-            unsent = write_answers(answers, self._client_sockets.backed_up)
+            unsent = write_answers(answers, self._lent_sockets.backed_up)
             self._written.append([msg.batch_id, unsent])
             if unsent or time.perf_counter_ns() - timings.start_ns >= CARRY_WRITTEN_BELOW_NS:
                 self._tell_written()  # a client waits for the rest, which the front writes
@@ -352,7 +352,7 @@ class _RowResponder:
 
 
 # Only ever sent: the answer's bytes went to the client instead.
-_BY_WORKER = messages.ResponseFrame(None, [], by_worker=True)
+_WRITTEN_BY_WORKER = messages.ResponseFrame(None, [], written_by_worker=True)
 
 
 def _unread_frame() -> messages.ResponseFrame:

@@ -23,10 +23,10 @@ from shmserve.dispatch.front_spin import FrontSpin
 from shmserve.dispatch.hang_watch import HangWatch
 from shmserve.dispatch.instance_memory import InstanceMemory
 from shmserve.dispatch.region_mapping import MappedRegions
-from shmserve.dispatch.socket_loans import SocketLoans, return_unwritten
 from shmserve.dispatch.stream import ResponseStream
 from shmserve.dispatch.work_types import BatchTimings, DeviceTensor, WorkOutput, WorkResponse
 from shmserve.errors import Code, ModelError, ServerError
+from shmserve.fastpath.worker_loans import WorkerLoans, return_unwritten
 from shmserve.ipc import messages
 from shmserve.ipc.request_table import RowAllocator
 
@@ -45,7 +45,7 @@ class SentBatch(NamedTuple):
 
 
 class BatchDispatch:
-    def __init__(self, instance: WorkerHandle, memory: InstanceMemory, loans: SocketLoans,
+    def __init__(self, instance: WorkerHandle, memory: InstanceMemory, loans: WorkerLoans,
                  regions: MappedRegions, hangs: HangWatch, front_spin: Optional[FrontSpin],
                  send: Callable[[object], None]):
         """`instance`: the handle whose batches these are (its `instance_name`, `alive` and
@@ -224,8 +224,8 @@ class BatchDispatch:
                 slots.append(offset)
                 continue
             outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
-        if frame.by_worker:
-            return WorkResponse(None, outputs, frame.parameters, sent=True)
+        if frame.written_by_worker:
+            return WorkResponse(None, outputs, frame.parameters, written_by_worker=True)
         if not slots and not kept:
             return WorkResponse(None, outputs, frame.parameters)
         return WorkResponse(None, outputs, frame.parameters,

@@ -58,14 +58,14 @@ def layout(batch: list, rows: list, sockets: Optional[list] = None
                           for name, s in req.output_regions.items()}
         trace = req.trace
         trace_id, trace_context = (0, "") if trace is None else (trace.id, trace.context)
-        answer = None
+        prepared = None
         if sockets is not None and sockets[index] >= 0:
-            answer = [sockets[index], *req.answer.frame]
+            prepared = [sockets[index], *req.prepared_answer.frame]
         frames.append(messages.RequestFrame(req.request_id, req.correlation_id, req.flags,
                                             req.parameters, refs, req.requested_outputs, row,
                                             output_regions, req.sequence_slot, req.ready,
                                             trace_id, trace_context, req.device_outputs,
-                                            answer, req.timeout_us))
+                                            prepared, req.timeout_us))
     if len(batch) > 1:  # one request's input names are distinct: already input-major
         placed = _by_name(placed)
     pieces = []

@@ -10,13 +10,14 @@ dataclasses: one of each is made per request on the hot path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional
 
 from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.errors import ModelError
 
 if TYPE_CHECKING:
     from shmserve.dispatch.stream import ResponseStream
+    from shmserve.fastpath.answer_loan import AnswerLoan
     from shmserve.ipc.request_table import RequestTable
     from shmserve.observability.tracing import Trace
 
@@ -42,31 +43,6 @@ class WorkInput:
     data: bytes | memoryview | RegionSlice | DeviceTensor
 
 
-class PreparedAnswer(Protocol):
-    """A request's answer to its client, prepared up to the outputs' bytes, that the worker may
-    write itself to the client's socket, lent to it with the batch (docs/fast-path.md,
-    workers/answers.py). The transports' own (http/prepared_answers.py,
-    grpc/prepared_answers.py) satisfy it."""
-
-    # messages.RequestFrame.answer without the socket index; read once `lend` gave a socket.
-    frame: Optional[list]
-
-    def lend(self, holder) -> int:
-        """The descriptor of the socket to write the answer to, lent to the worker `holder`
-        (its WorkerHandle, whose batches write in turn), or -1 when it cannot be written there
-        now."""
-
-    def returned(self, unsent: Optional[bytes]) -> None:
-        """The worker is done with the socket: what it did not take of the answer (the worker
-        wrote it, after the batch's Result), or None when the worker did not write the answer
-        (called then at the Result, or when the batch could not be sent or failed)."""
-
-    def lost(self) -> None:
-        """Called instead of `returned` when the worker died after the batch's Result, before
-        it told what it wrote, unless it had marked the batch's answers whole (see
-        ipc/request_table.py): the connection may hold part of one."""
-
-
 @dataclass(slots=True)
 class WorkRequest:
     """A validated request, ready for a worker."""
@@ -90,8 +66,9 @@ class WorkRequest:
     trace: Optional[Trace] = None  # if sampled
     # Outputs a GPU instance keeps on its GPU when the model made them there (DeviceTensor).
     device_outputs: tuple = ()
-    # Its answer to its client, that the worker may write; None for none.
-    answer: Optional[PreparedAnswer] = None
+    # Its answer to its client, prepared up to the outputs' bytes, that the worker may write
+    # (the fast path; fastpath/answer_loan.py says what it promises); None for none.
+    prepared_answer: Optional[AnswerLoan] = None
     timeout_us: int = 0  # its timeout (the "timeout" parameter), for `request.timeout()`
     # While a worker holds it (not a decoupled one, whose stream has its row): (the request
     # table, its row), to mark it cancelled when its client goes away (WorkRequest.cancel).
@@ -129,8 +106,8 @@ class WorkResponse:
     # The output arena as a Region, when outputs are in it: another instance can then read
     # them in place (an ensemble's next step), as long as `release` has not been called.
     arena: Optional[Region] = None
-    # The worker writes the request's prepared answer itself (WorkRequest.answer).
-    sent: bool = False
+    # The worker writes the request's prepared answer itself (WorkRequest.prepared_answer).
+    written_by_worker: bool = False
 
 
 @dataclass(slots=True)

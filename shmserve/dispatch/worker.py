@@ -4,10 +4,10 @@ supervisor hold, across its worker processes.
 Its parts go by how long they live:
 - each start spawns a worker process (worker_process.py) with its shared memory
   (instance_memory.py), its channel, and the socket that lends it clients' sockets
-  (socket_loans.py); the process's exit, or its stop, ends them all together, and the
+  (fastpath/worker_loans.py); the process's exit, or its stop, ends them all together, and the
   regions it mapped (region_mapping.py) go with it;
 - the batches and streams it holds (batch_dispatch.py), the answers its worker writes
-  (socket_loans.py), its custom metrics (custom_metrics.py) and the look-out for hangs
+  (fastpath/worker_loans.py), its custom metrics (custom_metrics.py) and the look-out for hangs
   (hang_watch.py) belong to the handle, and outlive each process: a worker that dies fails
   the batches it holds (the running one and the one queued behind it), and the streams still
   open, with an error naming the instance. With `detect_hangs`, so does one that holds work
@@ -30,9 +30,9 @@ from shmserve.dispatch.hang_watch import HangWatch
 from shmserve.dispatch.instance_memory import InstanceMemory
 from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.dispatch.region_mapping import MappedRegions
-from shmserve.dispatch.socket_loans import SocketLoans
 from shmserve.dispatch.worker_process import WorkerProcess
 from shmserve.errors import Code, ModelError, ServerError
+from shmserve.fastpath.worker_loans import WorkerLoans
 from shmserve.ipc import messages
 from shmserve.ipc.channel import AsyncChannel
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
@@ -88,7 +88,7 @@ class WorkerHandle:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._memory = InstanceMemory()
         self._metrics = CustomMetrics()
-        self._loans = SocketLoans(self)
+        self._loans = WorkerLoans(self)
         self._regions = MappedRegions(self, self._send)
         self._hangs = HangWatch(busy=lambda: self.alive and self.holds_work,
                                 readers_behind=lambda: self._batches.waiting_on_readers(),
@@ -151,7 +151,7 @@ class WorkerHandle:
             lent.close()
         self._channel.send(messages.Init(
             **self._init_args, **self._memory.init_fields(), inline_threshold=INLINE_THRESHOLD,
-            answer_fd=lent_fd, metrics_fd=self._metrics.fd))
+            loan_fd=lent_fd, metrics_fd=self._metrics.fd))
         # Held here: the event loop keeps only a weak reference to tasks.
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         error = await self._ready

@@ -9,9 +9,10 @@ from google.protobuf.message import DecodeError
 
 from shmserve import proto
 from shmserve.errors import internal, invalid_arg
+from shmserve.fastpath.prepared_answers import AnswerLayout
+from shmserve.fastpath.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import datatypes
-from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 # The one `triton_` request parameter a client may send (ModelStreamInfer's empty final response).
 _ALLOWED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
@@ -123,7 +124,8 @@ _MAX_SPLIT_FIELDS = 1024
 
 
 # Requests whose fields before raw_input_contents are the same bytes are decoded once (see
-# request_templates.py): those bytes key (the template, which inputs take a raw entry).
+# fastpath/request_templates.py): those bytes key (the template, which inputs take a raw
+# entry).
 _TEMPLATES = BoundedCache()
 
 
@@ -383,13 +385,12 @@ def serialize_model_infer_response(resp: InferResponse) -> bytes:
     return b"".join(pieces)
 
 
-def prepared_message(resp: InferResponse):
+def prepared_message(resp: InferResponse) -> AnswerLayout | None:
     """The wire bytes of the ModelInferResponse for `resp` as pieces around its outputs'
-    bytes, for responses that differ from it only in those bytes: (pieces, the message's
-    size, [[name, datatype, shape, nbytes] of each output]), the message being pieces[0],
-    output 0, pieces[1], ..., pieces[n], as serialize_model_infer_response writes it. None
-    when the message says more than the outputs' names, datatypes and shapes (parameters)
-    or their sizes vary (BYTES)."""
+    bytes, for responses that differ from it only in those bytes (a prepared answer's message,
+    fastpath/prepared_answers.py; the HTTP/2 frames around it depend on the stream), as
+    serialize_model_infer_response writes it. None when the message says more than the
+    outputs' names, datatypes and shapes (parameters) or their sizes vary (BYTES)."""
     outputs = resp.outputs
     if resp.parameters or any(out.parameters or out.datatype == "BYTES" for out in outputs):
         return None
@@ -403,7 +404,7 @@ def prepared_message(resp: InferResponse):
         pieces.append(b"")
         size += len(tag) + nbytes
         expected.append([out.name, out.datatype, list(out.shape), nbytes])
-    return pieces, size, expected
+    return AnswerLayout(pieces, size, expected)
 
 
 # ModelStreamInferResponse's infer_response is its field 2, length-delimited.

@@ -1,7 +1,7 @@
 """The messages a gRPC connection's clients send, as they come in: the length-prefixed framing
 and its size limit, flow control (how much of each call's messages the connection takes, and
 when), large messages received into mappings of their own, and compressed ones inflated a
-slice at a time. transport.py's connection owns one Inbound, and hands it each call's DATA.
+slice at a time. connection.py's connection owns one Inbound, and hands it each call's DATA.
 
 Flow control bounds what a connection buffers. A stream may be sent STREAM_WINDOW bytes
 (HTTP/2's default) before its call grants more: a message being received gets a window as large
@@ -81,7 +81,7 @@ class _Incoming:
 
 
 class Inbound:
-    """One connection's messages in. A call (transport._Call) keeps its own part: `buffer`
+    """One connection's messages in. A call (call.Call) keeps its own part: `buffer`
     (bytes of messages not complete yet), `messages` (complete, not taken yet), `incoming` (a
     large message being received), `reserved` (the size of its message admitted), `queued`
     (waiting for room), `checked` (its message's start was looked at). `fail(call, code,

@@ -1,7 +1,8 @@
 """gRPC endpoints: inference.GRPCInferenceService and grpc.health.v1.Health.
 
-Each RPC decodes, calls the dataplane, and encodes; transport.py carries the calls. Methods are
-registered by path over our private-pool message classes, so no generated stubs are needed.
+Each RPC decodes, calls the dataplane, and encodes; transport.py and its connections carry
+the calls. Methods are registered by path over our private-pool message classes, so no
+generated stubs are needed.
 """
 
 import asyncio
@@ -18,8 +19,8 @@ from shmserve.dataplane import (MAX_INFLIGHT_PER_CONNECTION, MAX_MESSAGE_SIZE, D
                                 DecoupledModel)
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.extensions import header_forwarding, restricted_api
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
 from shmserve.grpc import codec, transport
-from shmserve.grpc.prepared_answers import AnswerBook
 from shmserve.grpc.transport import GrpcServer, Method, RpcError
 from shmserve.inference import StreamedResponse
 from shmserve.observability.stats import stats_json
@@ -88,7 +89,7 @@ class InferenceServicer:
         """`header_pattern`: metadata whose names it matches become request parameters
         (--grpc-header-forward-pattern; extensions/header_forwarding.py), or None.
         `prepare_answers`: models' workers may write infer answers (--worker-answers;
-        prepared_answers.py)."""
+        fastpath/prepared_answers.py)."""
         self.dp = dataplane
         self.max_inflight_per_stream = max_inflight_per_stream
         self.header_pattern = header_pattern
@@ -216,22 +217,24 @@ class InferenceServicer:
         if self.dp.tracer.on:
             infer_request.received = (("GRPC_WAITREAD_END", time.perf_counter_ns()),)
             infer_request.traceparent = _traceparent(context)
-        book = None
+        # The fast path: its template decides the answer up to the outputs' bytes, which the
+        # model's worker may then write (fastpath/prepared_answers.py).
+        loans = None
         if self.prepare_answers and not context.response_encoding:
-            book = context.conn.memo
-            if book is None:
-                book = context.conn.memo = AnswerBook()
-            infer_request.answer = book.lookup(infer_request.template, context)
+            loans = context.conn.loans
+            infer_request.prepared_answer = loans.prepared(infer_request.template, context)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "ModelInfer RPC doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.sent:  # the model's worker writes the answer
+        if response.written_by_worker:  # the fast path: the model's worker wrote it
             response.done()
-            return transport.SENT
-        if book is not None:
-            book.learn(infer_request.template, response)
+            return WRITTEN_BY_WORKER
+        if loans is not None:  # the fast path: this answer's layout, for the next request
+            template = infer_request.template
+            loans.learn(template, response.model_version,
+                        codec.prepared_message(response) if template is not None else None)
         trace = response.trace
         if trace is not None:
             trace.stamp("GRPC_SEND_START", time.perf_counter_ns())

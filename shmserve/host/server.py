@@ -129,7 +129,7 @@ class Options:
     # shmserve's own: an instance whose batches take less than this is sent its next batch
     # while it runs one (0: never, as Triton).
     pipeline_below_us: int = DEFAULT_PIPELINE_BELOW_US
-    # Models' workers may write infer answers over HTTP themselves (http/prepared_answers.py).
+    # Models' workers may write infer answers themselves (fastpath/prepared_answers.py).
     worker_answers: bool = True
     # shmserve's own: an instance that holds work and sends nothing for this long is killed
     # and restarted (0: never).
@@ -272,7 +272,7 @@ class Server:
             self._http_servers.append(openai_server)
         if opts.allow_http:
             from shmserve.http.app import build_server as build_http_server
-            from shmserve.http.http1 import triton_too_large
+            from shmserve.http.http1_reader import triton_too_large
             http = build_http_server(
                 self.dataplane, opts.http_max_input_size, opts.max_inflight_per_connection,
                 header_forwarding.compile_pattern(opts.http_header_forward_pattern),

@@ -18,9 +18,10 @@ from shmserve.dataplane import MAX_INFLIGHT_PER_CONNECTION, DataPlane, Decoupled
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.extensions import header_forwarding, restricted_api
 from shmserve.http import codec, compression, generate, raw_request, region_routes
-from shmserve.http.http1 import (SENT, HttpServer, Request, Response, error_response,
-                                 triton_too_large)
-from shmserve.http.prepared_answers import AnswerBook
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
+from shmserve.http.http1 import HttpServer
+from shmserve.http.http1_messages import Request, Response, error_response
+from shmserve.http.http1_reader import triton_too_large
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.observability.stats import stats_json
 from shmserve.observability.tracing import SETTING_NAMES
@@ -69,7 +70,7 @@ class HttpRoutes:
         """`header_pattern`: headers whose names it matches become request parameters
         (--http-header-forward-pattern; extensions/header_forwarding.py), or None.
         `prepare_answers`: models' workers may write infer answers (--worker-answers;
-        prepared_answers.py)."""
+        fastpath/prepared_answers.py)."""
         self.dp = dataplane
         self.max_input_size = max_input_size
         self.header_pattern = header_pattern
@@ -179,22 +180,20 @@ class HttpRoutes:
         self._note_for_tracing(request, infer_request)
         accept = request.headers.get("accept-encoding")
         chosen = compression.choose(accept) if accept else None
-        # Its template decides the answer up to the outputs' bytes (see prepared_answers.py).
-        answer_key = None
+        # The fast path: its template decides the answer up to the outputs' bytes, which the
+        # model's worker may then write (fastpath/prepared_answers.py).
+        loans = None
         if self.prepare_answers and infer_request.template is not None and not encoding \
                 and not chosen:
-            answer_key = infer_request.template
-            book = request.connection.memo
-            if book is None:
-                book = request.connection.memo = AnswerBook()
-            infer_request.answer = book.lookup(answer_key, request.connection)
+            loans = request.connection.loans
+            infer_request.prepared_answer = loans.prepared(infer_request.template, None)
         try:
             response = await self.dp.infer(infer_request)
         except DecoupledModel:
             raise ServerError(Code.UNSUPPORTED, "HTTP end point doesn't support models with "
                                                 "decoupled transaction policy") from None
-        if response.sent:  # the model's worker writes the answer
-            return SENT
+        if response.written_by_worker:  # the fast path: the model's worker wrote it
+            return WRITTEN_BY_WORKER
         try:
             chunks, out_header, content_type = codec.encode_infer_response(response, fmt)
             payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -207,11 +206,11 @@ class HttpRoutes:
         if out_header is not None:
             headers["Inference-Header-Content-Length"] = str(out_header)
         reply = Response(200, payload, headers=headers)
-        if answer_key is not None and out_header is not None \
-                and request.connection.lendable():
-            request.connection.memo.learn(
-                answer_key, request.connection.head(200, headers, len(payload)), chunks,
-                response)
+        # The fast path: this answer's layout, for the connection's next request.
+        if loans is not None and out_header is not None and request.connection.lendable():
+            head = request.connection.head(200, headers, len(payload))
+            loans.learn(infer_request.template, response.model_version,
+                        codec.prepared_answer(head, chunks, response))
         if response.trace is not None:
             response.trace.stamp("HTTP_SEND_START", time.perf_counter_ns())
             reply.on_sent = functools.partial(_sent, response.trace)

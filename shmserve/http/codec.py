@@ -11,6 +11,8 @@ import numpy as np
 import orjson
 
 from shmserve.errors import internal, invalid_arg
+from shmserve.fastpath.prepared_answers import AnswerLayout
+from shmserve.fastpath.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 from shmserve.inference import (
     InferRequest,
     InferResponse,
@@ -19,7 +21,6 @@ from shmserve.inference import (
     RequestedOutput,
 )
 from shmserve.ipc import datatypes
-from shmserve.request_templates import MAX_KEY_BYTES, BoundedCache, RequestTemplate
 
 # Triton's words, for infer and generate (with status 500: its JSON library's type errors).
 ID_NOT_STRING = "Unable to parse 'id': attempt to access JSON non-string as string"
@@ -108,8 +109,8 @@ def decode_infer_request(
 
 
 # Requests with the same JSON header, and as many binary bytes after it, are decoded once
-# (see request_templates.py): the header keys (the template, each input's span of the body,
-# the OutputFormat, which is only read and so shared).
+# (see fastpath/request_templates.py): the header keys (the template, each input's span of the
+# body, the OutputFormat, which is only read and so shared).
 _TEMPLATES = BoundedCache()
 
 
@@ -209,6 +210,24 @@ def encode_infer_response(
     if len(chunks) > 1:
         return chunks, len(chunks[0]), "application/octet-stream"
     return chunks, None, "application/json"
+
+
+def prepared_answer(head: bytes, chunks: list, response: InferResponse) -> AnswerLayout | None:
+    """The layout of the answer just built (`head`, then `chunks`: encode_infer_response's
+    JSON header and each output's bytes), for answers that differ from it only in the outputs'
+    bytes (a prepared answer, fastpath/prepared_answers.py). None unless its outputs all
+    follow the JSON header as binary data of a fixed size, and nothing in it depends on more
+    than their names, datatypes and shapes: every other answer puts what the outputs hold
+    into the JSON header."""
+    outputs = response.outputs
+    if response.parameters or len(chunks) != len(outputs) + 1 \
+            or any(o.parameters or o.datatype == "BYTES" for o in outputs):
+        return None
+    first = head + chunks[0]
+    expected = [[o.name, o.datatype, list(o.shape), memoryview(chunk).nbytes]
+                for o, chunk in zip(outputs, chunks[1:])]
+    return AnswerLayout([first, *(b"" for _ in outputs)],
+                        len(first) + sum(nbytes for *_, nbytes in expected), expected)
 
 
 def _request_parameters(params, fmt: OutputFormat) -> dict:

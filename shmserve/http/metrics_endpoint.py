@@ -2,7 +2,8 @@
 collectors in observability/metrics.py, read at each scrape. The only part of the metrics that
 speaks HTTP, so that observability/ never imports a transport."""
 
-from shmserve.http.http1 import HttpServer, Request, Response, error_response
+from shmserve.http.http1 import HttpServer
+from shmserve.http.http1_messages import Request, Response, error_response
 from shmserve.observability.metrics import (CUSTOM_METRICS_WAIT_S, build_collectors, exposition,
                                             refresh_custom_metrics)
 from shmserve.registry import Registry

@@ -8,7 +8,7 @@ import orjson
 from shmserve.errors import invalid_arg
 from shmserve.extensions.client_regions import SharedMemoryManager, decode_raw_handle
 from shmserve.http.codec import json_object
-from shmserve.http.http1 import Request, Response
+from shmserve.http.http1_messages import Request, Response
 
 
 class SharedMemoryRoutes:

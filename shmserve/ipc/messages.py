@@ -41,23 +41,24 @@ instance; the caller frees it after the call's final reply. A large output trave
 (`MapSystemRegion`) first: the caller copies it out and sends a "release" call with the same
 id, which gives the target's slots back.
 
-A request may come with a prepared answer (`RequestFrame.answer`): the bytes around its outputs
-in the answer to its client, and the outputs (name, datatype, shape, size) those bytes
-announce. The front sends the clients' sockets for a batch, before its `Execute`, over a
-second socket (`Init.answer_fd`): one packet per batch, the batch id as 8 little-endian bytes
+A request may come with a prepared answer (`RequestFrame.prepared_answer`): the bytes around
+its outputs in the answer to its client, and the outputs (name, datatype, shape, size) those
+bytes announce. The front lends the clients' sockets for a batch, before its `Execute`, over a
+second socket (`Init.loan_fd`): one packet per batch, the batch id as 8 little-endian bytes
 and the batch's distinct sockets as SCM_RIGHTS; each answer names its socket by its index
 there (an HTTP/2 connection carries many calls). When the model's response has exactly
 those outputs, all inline and nothing else, the worker writes the answer to the socket itself:
-its `ResponseFrame` says so (`by_worker`) instead of carrying the outputs, and the worker writes
-after it has sent the batch's `Result`, so that the front serves the connection's next request
-meanwhile (it holds its own writes to the socket until the worker is done). A socket's answers
-go in one write, in request order. Then the worker tells the front what the sockets did not
-take, for the front to write before anything else: at once in a `Written` frame when a socket
-left some (its client waits for the rest). Otherwise the news rides on the next batch's
-`Result` (`Result.written`) when that batch was already waiting, else goes in a `Written` frame
-before the worker waits for frames: one frame and one wake of the front fewer per batch.
-While it waits to be told, the batch is marked in the request table (see request_table.py),
-so that the front knows, should the worker die, that those connections hold whole answers.
+its `ResponseFrame` says so (`written_by_worker`) instead of carrying the outputs, and the
+worker writes after it has sent the batch's `Result`, so that the front serves the connection's
+next request meanwhile (it holds its own writes to the socket until the worker is done). A
+socket's answers go in one write, in request order. Then the worker tells the front what the
+sockets did not take, for the front to write before anything else, which returns the loans:
+at once in a `Written` frame when a socket left some (its client waits for the rest).
+Otherwise the news rides on the next batch's `Result` (`Result.written`) when that batch was
+already waiting, else goes in a `Written` frame before the worker waits for frames: one frame
+and one wake of the front fewer per batch. While it waits to be told, the batch is marked in
+the request table (see request_table.py), so that the front knows, should the worker die, that
+those connections hold whole answers.
 """
 
 from dataclasses import dataclass, field
@@ -119,9 +120,9 @@ class Init:
     wake_fd: int = -1
     # Where the model's large BLS inputs go (see ServerCall); "" for none.
     bls_arena: str = ""
-    # The socket (inherited under this number) that clients' sockets for prepared answers
-    # arrive on; -1 for none.
-    answer_fd: int = -1
+    # The socket (inherited under this number) that clients' sockets lent for prepared
+    # answers arrive on; -1 for none.
+    loan_fd: int = -1
     # The eventfd (inherited under this number) each write of which asks for a MetricsReport:
     # the front asks at every scrape of /metrics; -1 for none.
     metrics_fd: int = -1
@@ -132,7 +133,7 @@ class Init:
         return [INIT, self.model_name, self.model_version, self.model_dir, self.model_repository,
                 self.model_config, self.instance_name, self.instance_kind, self.device_id,
                 self.input_arena, self.output_arena, self.request_table, self.inline_threshold,
-                self.state_arena, self.wake_fd, self.bls_arena, self.answer_fd,
+                self.state_arena, self.wake_fd, self.bls_arena, self.loan_fd,
                 self.metrics_fd, self.runtime_dir]
 
     @staticmethod
@@ -205,14 +206,14 @@ class RequestFrame:
     device_outputs: Union[list, tuple] = field(default_factory=list)
     # Its prepared answer, or None: [socket index, pieces, [[name, datatype, shape, nbytes],
     # ...]], the answer being pieces[0], output 0, pieces[1], ..., output n-1, pieces[n].
-    answer: Optional[list] = None
+    prepared_answer: Optional[list] = None
     timeout_us: int = 0  # the request's timeout, which `request.timeout()` gives the model
 
     def to_wire(self) -> list:
         return [self.request_id, self.correlation_id, self.flags, self.parameters,
                 [t.to_wire() for t in self.inputs], self.requested_outputs, self.row,
                 self.output_regions, self.sequence_slot, self.ready, self.trace_id,
-                self.trace_context, self.device_outputs, self.answer, self.timeout_us]
+                self.trace_context, self.device_outputs, self.prepared_answer, self.timeout_us]
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
@@ -247,11 +248,11 @@ class ResponseFrame:
     # The error is the model's own answer (see errors.ModelError.answered).
     answered: bool = False
     # The worker writes the request's prepared answer itself, after the Result (see Written).
-    by_worker: bool = False
+    written_by_worker: bool = False
 
     def to_wire(self) -> list:
         return [self.error, [t.to_wire() for t in self.outputs], self.parameters, self.answered,
-                self.by_worker]
+                self.written_by_worker]
 
     @staticmethod
     def from_wire(w: list) -> "ResponseFrame":
@@ -289,10 +290,10 @@ class Result:
 
 @dataclass(slots=True)
 class Written:
-    """The worker has written the answers its batch's Result said it would (`by_worker`):
-    what the sockets did not take, as [request's index in the batch, bytes] for those that
-    left some, for the front to write first. The worker writes no more to such a socket.
-    Sent alone only when no batch waits to carry it (`Result.written`)."""
+    """The worker has written the answers its batch's Result said it would
+    (`written_by_worker`): what the sockets did not take, as [request's index in the batch,
+    bytes] for those that left some, for the front to write first. The worker writes no more
+    to such a socket. Sent alone only when no batch waits to carry it (`Result.written`)."""
 
     batch_id: int
     unsent: list = field(default_factory=list)

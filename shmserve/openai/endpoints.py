@@ -6,7 +6,8 @@ body over --http-max-input-size gets 413 in the OpenAI error form, and /health/r
 
 import orjson
 
-from shmserve.http.http1 import HttpServer, Request, Response
+from shmserve.http.http1 import HttpServer
+from shmserve.http.http1_messages import Request, Response
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 from shmserve.openai import restrictions
 from shmserve.openai.routes import OpenAIRoutes, detail_response

@@ -22,7 +22,7 @@ import orjson
 
 from shmserve.dataplane import DataPlane
 from shmserve.errors import Code, ServerError
-from shmserve.http.http1 import Request, Response
+from shmserve.http.http1_messages import Request, Response
 from shmserve.openai import chat_messages, chat_templates, checks, conventions
 from shmserve.openai.conventions import RouteError, TextModel
 from shmserve.openai.schemas import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,

@@ -1,5 +1,5 @@
 """A model's worker writes HTTP and gRPC infer answers itself (--worker-answers, on by default;
-see shmserve/http/prepared_answers.py and shmserve/grpc/prepared_answers.py): on the wire
+see shmserve/fastpath/prepared_answers.py and docs/fast-path.md): on the wire
 nothing may change. Requests go to two servers, one with and one without, and must get the same
 answers back (raw HTTP requests on real sockets the same bytes); the worker's own write count
 (/proc/<pid>/io) shows which of them wrote the answers."""
@@ -252,7 +252,7 @@ def test_a_client_that_leaves_before_its_answer_costs_nobody_else(servers):
 
 
 # gRPC: an answer is three HTTP/2 frames on a connection many calls share (see
-# shmserve/grpc/prepared_answers.py).
+# docs/fast-path.md).
 
 def _grpc_inputs(inputs: dict) -> list:
     out = []

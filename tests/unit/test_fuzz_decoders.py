@@ -24,7 +24,7 @@ from shmserve import proto
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_json, parse_config_text
 from shmserve.admission import prepare
-from shmserve.checked_templates import CheckedTemplate
+from shmserve.fastpath.checked_templates import CheckedTemplate
 from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.errors import Code, ServerError
 from shmserve.extensions.client_regions import SharedMemoryManager, decode_raw_handle

@@ -471,7 +471,7 @@ def test_a_malformed_request_is_invalid(wire):
 
 
 def test_a_prepared_message_is_the_serialized_one_around_its_outputs():
-    """What the model's worker writes (see shmserve/grpc/prepared_answers.py): the pieces
+    """What the model's worker writes (see shmserve/fastpath/prepared_answers.py): the pieces
     with the outputs' bytes between them are the message this side would send."""
     outputs = [OutputTensor("A", "FP32", [2, 3], np.arange(6, dtype=np.float32).tobytes()),
                OutputTensor("B", "INT64", [300], memoryview(np.arange(300).tobytes()))]

@@ -1,4 +1,5 @@
-"""The gRPC layer (shmserve/grpc/transport.py): header encodings, and generated calls."""
+"""The gRPC layer (shmserve/grpc/transport.py, its connections and calls): header encodings,
+and generated calls."""
 
 import asyncio
 import os
@@ -14,8 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmserve.grpc import inbound, transport
-from shmserve.grpc.transport import GrpcServer, Method, _percent_encode, _timeout_seconds
+from shmserve.fastpath.prepared_answers import WRITTEN_BY_WORKER
+from shmserve.grpc import call_answers, connection, inbound, transport
+from shmserve.grpc.call import timeout_seconds
+from shmserve.grpc.call_answers import _percent_encode
+from shmserve.grpc.connection import Connection
+from shmserve.grpc.transport import GrpcServer, Method
 from tests.unit.bounds import peak_allocation
 
 
@@ -24,12 +29,12 @@ from tests.unit.bounds import peak_allocation
     (b"99999999n", 0.099999999),
 ])
 def test_grpc_timeout_units(value, seconds):
-    assert _timeout_seconds(value) == pytest.approx(seconds)
+    assert timeout_seconds(value) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("value", [b"", b"m", b"S1", b"123456789S", b"1x", b"-1S", b"1.5S"])
 def test_malformed_grpc_timeouts_are_refused(value):
-    assert _timeout_seconds(value) is None
+    assert timeout_seconds(value) is None
 
 
 @pytest.mark.parametrize("message", ["plain ascii", "100% sure", "modèle ✓", "tab\there\n"])
@@ -96,7 +101,7 @@ def _exchange(streams: list, junk: bytes = b"", max_message_size: int = 1 << 16,
                              STREAM: Method(_echo_stream, None, bytes, True)},
                             max_message_size, **options)
         sock = _Socket()
-        conn = transport._Connection(server)
+        conn = Connection(server)
         conn.connection_made(sock)
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
                                                                       header_encoding="utf-8"))
@@ -219,7 +224,7 @@ def test_a_connection_that_never_speaks_is_closed():
                             handshake_timeout=0.05)
         quiet, talking = _Socket(), _Socket()
         for sock in (quiet, talking):
-            transport._Connection(server).connection_made(sock)
+            Connection(server).connection_made(sock)
         conn = next(c for c in server.connections if c.transport is talking)
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         client.initiate_connection()
@@ -239,7 +244,7 @@ def _keepalive(without_calls: bool, answer: bool) -> tuple:
                             keepalive_time=0.02, keepalive_timeout=0.06,
                             keepalive_without_calls=without_calls)
         sock = _Socket()
-        conn = transport._Connection(server)
+        conn = Connection(server)
         conn.connection_made(sock)
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         client.initiate_connection()
@@ -284,7 +289,7 @@ def test_an_old_connection_is_sent_goaway_and_closed_once_its_calls_end():
         server = GrpcServer({ECHO: Method(held, None, bytes, False)}, 1 << 16,
                             max_connection_age=0.05)
         sock = _Socket()
-        conn = transport._Connection(server)
+        conn = Connection(server)
         conn.connection_made(sock)
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         client.initiate_connection()
@@ -314,7 +319,7 @@ def test_an_old_connection_is_sent_goaway_and_closed_once_its_calls_end():
     asyncio.run(main())
 
 
-# -- answers a model's worker writes (lend_answer; see shmserve/grpc/prepared_answers.py) -------
+# -- answers a model's worker writes (the fast path; see shmserve/fastpath/connection_loans.py) --
 
 class _LendableSocket(asyncio.Transport):
     """A transport on a real socket, whose descriptor a 'worker' (the handler below) writes
@@ -351,7 +356,7 @@ def _lending_call(release: asyncio.Event, loans: list):
     async def handler(request, call):
         message = bytes(request)
         holder, how = message.split(b"|")
-        lent = call.conn.lend_answer(call, holder, len(message))
+        lent = call.conn.loans.lend(holder, call, len(message))
         loans.append(lent is not None)
         if lent is None:
             return message
@@ -359,8 +364,8 @@ def _lending_call(release: asyncio.Event, loans: list):
         if how != b"unwritten":
             os.write(fd, before + message + after)
         await release.wait()
-        call.conn.answer_returned(call, None if how == b"unwritten" else b"")
-        return message if how == b"unwritten" else transport.SENT
+        call.conn.loans.returned(call, None if how == b"unwritten" else b"")
+        return message if how == b"unwritten" else WRITTEN_BY_WORKER
     return Method(handler, None, bytes, False)
 
 
@@ -376,7 +381,7 @@ def _lending(steps) -> tuple:
         server = GrpcServer({ECHO: _lending_call(release, loans)}, 1 << 16)
         ours, theirs = socketlib.socketpair()
         theirs.setblocking(False)
-        conn = transport._Connection(server)
+        conn = Connection(server)
         conn.connection_made(_LendableSocket(ours))
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
                                                                       header_encoding="utf-8"))
@@ -501,7 +506,7 @@ def test_a_message_that_does_not_inflate_is_the_clients_mistake(body, fragment):
 
 def test_a_long_status_message_is_cut():
     encoded = _percent_encode("Request for unknown model: '" + "m" * 4_000_000 + "'")
-    assert len(encoded) == transport.MAX_STATUS_MESSAGE_BYTES + 3 and encoded.endswith(b"...")
+    assert len(encoded) == call_answers.MAX_STATUS_MESSAGE_BYTES + 3 and encoded.endswith(b"...")
     encoded = _percent_encode("✓" * 5000)  # cut between characters, then encoded
     assert urllib.parse.unquote(encoded.decode()) == "✓" * 341 + "..."
 
@@ -511,7 +516,7 @@ class _Client:
 
     def __init__(self, server, sock=None):
         self.sock = sock or _Socket()
-        self.conn = transport._Connection(server)
+        self.conn = Connection(server)
         self.conn.connection_made(self.sock)
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
                                                                        header_encoding="utf-8"))
@@ -738,7 +743,7 @@ def test_a_connection_that_stops_inside_its_preface_is_closed():
         server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
                             handshake_timeout=0.05)
         sock = _Socket()
-        conn = transport._Connection(server)
+        conn = Connection(server)
         conn.connection_made(sock)
         conn.data_received(b"P")  # one byte: not a handshake
         await asyncio.sleep(0.15)
@@ -784,7 +789,7 @@ def test_a_connection_is_read_a_share_of_each_turn_of_the_loop():
         server = GrpcServer({ECHO: Method(_echo, None, bytes, False)}, 1 << 16,
                             limits=transport.ConnectionLimits(max_ping_strikes=0))
         client = _Client(server)
-        for i in range(transport.READ_PER_TURN // 17 + 1):  # PING frames are 17 bytes
+        for i in range(connection.READ_PER_TURN // 17 + 1):  # PING frames are 17 bytes
             client.h2.ping(b"%08d" % i)
         client.conn.data_received(client.h2.data_to_send())
         assert not client.sock.reading  # more is read in a later turn, after the others

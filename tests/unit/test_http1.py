@@ -1,7 +1,7 @@
-"""The HTTP/1.1 server side (shmserve/http/http1.py) and its router, on real sockets with
-hand-written requests: keep-alive, pipelining order, chunked bodies both ways, limits,
-timeouts, disconnects and shutdown. One ordering case needs a turn of the event loop that
-sockets cannot time, and drives a connection through a recording transport."""
+"""The HTTP/1.1 server side (shmserve/http/http1.py and its http1_*.py parts) and its router,
+on real sockets with hand-written requests: keep-alive, pipelining order, chunked bodies both
+ways, limits, timeouts, disconnects and shutdown. One ordering case needs a turn of the event
+loop that sockets cannot time, and drives a connection through a recording transport."""
 
 import asyncio
 import contextlib
@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmserve.http import http1
-from shmserve.http.http1 import HttpServer, Response, error_response
+from shmserve.http import http1, http1_reader
+from shmserve.http.http1 import HttpServer
+from shmserve.http.http1_connection import Connection
+from shmserve.http.http1_messages import Response, error_response
 from shmserve.http.routing import MethodNotAllowed, NotFound, Router
 
 WAIT_S = 5.0
@@ -161,7 +163,7 @@ def test_a_request_read_just_after_a_task_ended_does_not_run_beside_the_next():
         loop = asyncio.get_running_loop()
         server = HttpServer(handle, 1 << 20)
         server.loop = loop
-        conn = http1._Connection(server)
+        conn = Connection(server)
         more = [post("/", b"1") + post("/", b"2")]
 
         def on_write():
@@ -268,7 +270,7 @@ def test_a_head_over_the_limit_gets_431():
     async def main():
         async with serving() as server:
             reader, writer = await connect(server)
-            writer.write(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (http1.MAX_HEAD_BYTES + 1)
+            writer.write(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (http1_reader.MAX_HEAD_BYTES + 1)
                          + b"\r\n\r\n")
             status, _, body = await read_response(reader)
             assert status == 431 and "headers exceed" in json.loads(body)["error"]
@@ -282,7 +284,7 @@ def test_a_head_that_never_ends_is_refused_once_it_passes_the_limit():
         async with serving() as server:
             reader, writer = await connect(server)
             writer.write(b"GET / HTTP/1.1\r\nX-Endless: ")
-            for _ in range(4 * http1.MAX_HEAD_BYTES // 4096):  # never the blank line
+            for _ in range(4 * http1_reader.MAX_HEAD_BYTES // 4096):  # never the blank line
                 writer.write(b"a" * 4096)
                 await writer.drain()
                 await asyncio.sleep(0.001)
@@ -347,7 +349,7 @@ def test_a_trailer_that_never_ends_is_refused_once_it_passes_the_limit():
             reader, writer = await connect(server)
             writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                          b"3\r\nabc\r\n0\r\nX-Endless: ")
-            for _ in range(4 * http1.MAX_HEAD_BYTES // 4096):
+            for _ in range(4 * http1_reader.MAX_HEAD_BYTES // 4096):
                 writer.write(b"a" * 4096)
                 await writer.drain()
                 await asyncio.sleep(0.001)
@@ -510,8 +512,8 @@ def test_a_stream_writer_waits_for_a_client_that_does_not_read():
 def short_timeouts(monkeypatch):
     monkeypatch.setattr(http1, "_SWEEP_INTERVAL_S", 0.05)
     for name in ("HEADERS_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEPALIVE_TIMEOUT_S"):
-        monkeypatch.setattr(http1, name, 0.3)
-    monkeypatch.setattr(http1, "REQUEST_TIMEOUT_S", 1.0)
+        monkeypatch.setattr(http1_reader, name, 0.3)
+    monkeypatch.setattr(http1_reader, "REQUEST_TIMEOUT_S", 1.0)
 
 
 @pytest.mark.parametrize("sent, why", [
@@ -682,7 +684,7 @@ def _fed(handle, reads: list) -> tuple:
     try:
         server = HttpServer(handle, 1 << 16)
         server.loop = loop
-        conn = http1._Connection(server)
+        conn = Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)
         for data in reads:
@@ -754,7 +756,7 @@ def test_a_response_head_written_before_still_says_the_connection_closes():
     server = HttpServer(echo, 1 << 16)
     server.loop = asyncio.new_event_loop()
     try:
-        conn = http1._Connection(server)
+        conn = Connection(server)
         assert b"Connection: close" not in conn.head(200, {"Content-Type": "a/b"}, 3)
         conn.closing = True
         assert b"Connection: close" in conn.head(200, {"Content-Type": "a/b"}, 3)
@@ -771,7 +773,7 @@ def _served_connection():
     server = HttpServer(echo, 1 << 16)
     server.loop = asyncio.new_event_loop()
     try:
-        conn = http1._Connection(server)
+        conn = Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)
         yield conn, transport, server
@@ -779,24 +781,31 @@ def _served_connection():
         server.loop.close()
 
 
+def _lend(conn, holder) -> int:
+    """Lend the connection's socket for an answer, as a model's worker is (the fast path):
+    its descriptor, or -1."""
+    lent = conn.loans.lend(holder, None, 0)
+    return -1 if lent is None else lent[0]
+
+
 def test_the_socket_is_lent_only_while_an_answer_written_there_is_right():
-    """lend_socket: not when this side has bytes waiting, nor when the answer must say the
-    connection closes (a head prepared earlier would not say it)."""
+    """Not when this side has bytes waiting, nor when the answer must say the connection
+    closes (a head prepared earlier would not say it)."""
     with _served_connection() as (conn, transport, server):
-        assert conn.lend_socket("w") == -1  # no socket behind the fake transport
-        conn.fileno = 7
+        assert _lend(conn, "w") == -1  # no socket behind the fake transport
+        conn.loans.fd = 7
         transport.get_write_buffer_size = lambda: 10
-        assert conn.lend_socket("w") == -1
+        assert _lend(conn, "w") == -1
         transport.get_write_buffer_size = lambda: 0
         for flag in ("closing", "stopping"):
             target = conn if flag == "closing" else server
             setattr(target, flag, True)
-            assert conn.lend_socket("w") == -1 and not conn.lendable()
+            assert _lend(conn, "w") == -1 and not conn.lendable()
             setattr(target, flag, False)
-        assert conn.lend_socket("w") == 7
-        conn.answer_returned(None)
+        assert _lend(conn, "w") == 7
+        conn.loans.returned(None, None)
         transport.close()
-        assert conn.lend_socket("w") == -1
+        assert _lend(conn, "w") == -1
 
 
 def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
@@ -804,17 +813,17 @@ def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
     request: this side's writes wait, in order, and a socket that took only part of the
     worker's answer gets the rest first and is not lent again."""
     with _served_connection() as (conn, transport, _):
-        conn.fileno = 7
-        assert conn.lend_socket("w") == 7
-        assert conn.lend_socket("w") == 7  # the same worker's next batch: in turn
-        assert conn.lend_socket("v") == -1  # another worker could write at the same time
+        conn.loans.fd = 7
+        assert _lend(conn, "w") == 7
+        assert _lend(conn, "w") == 7  # the same worker's next batch: in turn
+        assert _lend(conn, "v") == -1  # another worker could write at the same time
         conn.transport.write(b"<ours>")
         conn.transport.close()
-        assert conn.lend_socket("w") == -1  # ours would come after its next answer
+        assert _lend(conn, "w") == -1  # ours would come after its next answer
         assert transport.out == b"" and not transport.closed
-        conn.answer_returned(b"rest")
+        conn.loans.returned(None, b"rest")
         assert transport.out == b"rest"  # the rest at once: the worker is done with it
-        conn.answer_returned(None)
+        conn.loans.returned(None, None)
         assert transport.out == b"rest<ours>" and transport.closed
         assert conn.transport is transport
         assert not conn.lendable()  # backed up once: no more loans
@@ -822,9 +831,9 @@ def test_what_this_side_writes_while_the_socket_is_lent_waits_for_the_worker():
 
 def test_a_worker_that_dies_while_it_writes_closes_the_connection():
     with _served_connection() as (conn, transport, _):
-        conn.fileno = 7
-        conn.lend_socket("w")
-        conn.answer_lost()
+        conn.loans.fd = 7
+        _lend(conn, "w")
+        conn.loans.lost()
         assert transport.closed and conn.transport is transport
 
 
@@ -870,7 +879,7 @@ def test_error_response_is_tritons_json_error():
     assert response.headers == {"Content-Type": "application/json"}
 
 
-@pytest.mark.parametrize("chunks, status", [(http1.MAX_CHUNKS, 200), (http1.MAX_CHUNKS + 1, 400)])
+@pytest.mark.parametrize("chunks, status", [(http1_reader.MAX_CHUNKS, 200), (http1_reader.MAX_CHUNKS + 1, 400)])
 def test_a_chunked_body_of_too_many_chunks_is_refused(chunks, status):
     async def handle(request):
         return Response(200, b"%d" % len(request.body))

@@ -320,7 +320,7 @@ def test_sending_on_a_closed_stream_does_nothing():
     assert conn.data_to_send() == []
 
 
-# Answers another writer sends (lend_stream): see shmserve/grpc/prepared_answers.py.
+# Answers another writer sends (lend_stream): see shmserve/fastpath/connection_loans.py.
 RESPONSE = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 TRAILERS = ((b"grpc-status", b"0"),)
 

@@ -7,11 +7,13 @@ above:
          -> scheduling -> dispatch -> ipc
 
 (the dataplane layer is dataplane.py and the request's way behind it: lifecycle.py,
-admission.py, checked_templates.py, responses.py)
+admission.py, responses.py)
 
 Beside those layers:
-- the base (errors, inference, signature, eager, request_templates, proto, config/) imports only
-  itself and ipc, so any layer may use it;
+- the base (errors, inference, signature, eager, proto, config/) imports only itself and ipc,
+  so any layer may use it;
+- fastpath/ (docs/fast-path.md) is one home for modules that serve different layers: each of
+  its modules is placed in the layer it serves (FASTPATH), and none imports a transport;
 - observability/ imports only itself, the base and ipc (and metrics reads the registry): it
   never imports a transport, and the request path records into it from any layer;
 - extensions/ never imports host/ or a transport (their routes live with the transports, e.g.
@@ -34,17 +36,22 @@ LAYERS = (
     ("host", ("shmserve.host",)),
     ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.openai", "shmserve.model_calls")),
     ("dataplane", ("shmserve.dataplane", "shmserve.lifecycle", "shmserve.admission",
-                   "shmserve.checked_templates", "shmserve.responses")),
+                   "shmserve.responses", "shmserve.fastpath.checked_templates")),
     ("repository", ("shmserve.repository",)),
     ("registry", ("shmserve.registry",)),
     ("scheduling", ("shmserve.scheduling",)),
-    ("dispatch", ("shmserve.dispatch",)),
+    ("dispatch", ("shmserve.dispatch", "shmserve.fastpath.worker_loans")),
     ("ipc", ("shmserve.ipc",)),
 )
 BASE = ("shmserve.errors", "shmserve.inference", "shmserve.signature", "shmserve.eager",
-        "shmserve.request_templates", "shmserve.proto", "shmserve.config")
-# The package itself (shmserve/__init__.py holds only __version__), base as well.
-PACKAGE = ("shmserve", "shmserve.__version__")
+        "shmserve.proto", "shmserve.config", "shmserve.fastpath.request_templates",
+        "shmserve.fastpath.answer_loan", "shmserve.fastpath.prepared_answers",
+        "shmserve.fastpath.connection_loans")
+# The packages themselves (shmserve/__init__.py holds only __version__, fastpath/__init__.py
+# only its docstring), base as well.
+PACKAGE = ("shmserve", "shmserve.__version__", "shmserve.fastpath")
+# The fast path's modules, each placed above in the layer (or the base) it serves.
+FASTPATH = ("shmserve.fastpath",)
 OBSERVABILITY = ("shmserve.observability",)
 EXTENSIONS = ("shmserve.extensions",)
 ENTRY_POINTS = ("shmserve.cli", "shmserve.server")
@@ -143,6 +150,14 @@ def test_base_imports_only_base_and_ipc():
         if _in_base(module):
             for m in mods:
                 assert _in_base(m) or _within(m, ("shmserve.ipc",)), (module, m)
+
+
+def test_the_fast_path_imports_no_transport():
+    for module, mods in _front_modules().items():
+        if _within(module, FASTPATH):
+            for m in mods:
+                assert not _within(m, TRANSPORTS + ("shmserve.host",) + ENTRY_POINTS), \
+                    (module, m)
 
 
 def test_ipc_imports_only_ipc():

@@ -1,5 +1,6 @@
-"""Prepared answers: what the front keeps per connection (shmserve/http/prepared_answers.py)
-and what the worker writes with it (workers/answers.py), over real socket pairs."""
+"""Prepared answers: what the front keeps per connection (shmserve/fastpath/connection_loans.py,
+its HTTP layout from shmserve/http/codec.py) and what the worker writes with it
+(workers/prepared_answers.py), over real socket pairs."""
 
 import os
 import socket
@@ -9,10 +10,12 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from shmserve.http.prepared_answers import AnswerBook
+from shmserve.fastpath.connection_loans import ConnectionLoans
+from shmserve.fastpath.prepared_answers import AnswerLayout
+from shmserve.http.codec import prepared_answer
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
-from workers.answers import ClientSockets, take_answers, write_answers
+from workers.prepared_answers import LentSockets, take_answers, write_answers
 from workers.backends.batch import Output, Response
 
 PREFIX = b"HTTP/1.1 200 OK\r\n...\r\n\r\n{json}"
@@ -23,7 +26,8 @@ INLINE = 4096
 def _request(socket_index=0, pieces=(PREFIX, b""), expected=EXPECTED,
              ready=True) -> messages.RequestFrame:
     answer = None if socket_index is None else [socket_index, list(pieces), expected]
-    return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready, answer=answer)
+    return messages.RequestFrame("", 0, 0, {}, [], [], 0, ready=ready,
+                                 prepared_answer=answer)
 
 
 def _output(name="OUT", datatype="FP32", shape=(1, 2), data=b"12345678") -> Output:
@@ -145,7 +149,7 @@ def test_answers_name_their_sockets_and_a_socket_takes_its_answers_in_one_write(
                      for data in (b"AAAAAAAA", b"BBBBBBBB", b"12345678", b"CCCCCCCC", b"DDDDDDDD")]
         fds = [ours.fileno() for _, ours in pairs]
         taken = []
-        with mock.patch("workers.answers.os.write", wraps=os.write) as write:
+        with mock.patch("workers.prepared_answers.os.write", wraps=os.write) as write:
             assert _take_and_write(responses, requests, fds, taken=taken) == []
         assert write.call_count == 2
         assert _read_all(pairs[0][0]) == b"<aAAAAAAAAa><dDDDDDDDDd>"
@@ -186,7 +190,7 @@ def test_a_socket_that_takes_part_of_its_answers_returns_the_rest_of_each(client
     responses = [_model_response(data=data) for data in (b"AAAAAAAA", b"BBBBBBBB", b"CCCCCCCC")]
     requests = [_request(0, (b"<", b">")) for _ in responses]
     backed_up = set()
-    with mock.patch("workers.answers.os.write", side_effect=lambda fd, data: 5):
+    with mock.patch("workers.prepared_answers.os.write", side_effect=lambda fd, data: 5):
         unsent = _take_and_write(responses, requests, [fd], backed_up)
     assert unsent == [[0, b"AAAA>"], [1, b"<BBBBBBBB>"], [2, b"<CCCCCCCC>"]]
     # The front writes the rest: a later batch that has the socket leaves it to the front.
@@ -206,7 +210,7 @@ def test_a_client_gone_is_not_an_error(client):
 def test_client_sockets_arrive_per_batch_and_stale_ones_are_dropped():
     lender, lent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     a, b = socket.socketpair()
-    received = ClientSockets(os.dup(lent.fileno()))
+    received = LentSockets(os.dup(lent.fileno()))
     try:
         assert received.take(1, 1) == []  # none sent: the front answers
         socket.send_fds(lender, [(1).to_bytes(8, "little")], [a.fileno()])  # never taken
@@ -230,21 +234,95 @@ def _response(outputs, parameters=None):
     return InferResponse("m", "1", "", parameters or {}, outputs)
 
 
-def test_the_book_keeps_binary_answers_and_forgets_others():
-    book = AnswerBook()
+class _Hooks:
+    """A connection's side of its loans (fastpath/connection_loans.LoanHooks), which frames
+    each answer as `framing` says and records what it was asked."""
+
+    def __init__(self, framing=(b"", b"")):
+        self.framing = framing
+        self.log = []
+
+    def lend_stream(self, stream, size, first):
+        self.log.append(("lend", stream, size, first))
+        return self.framing
+
+    def stream_returned(self, stream, written):
+        self.log.append(("returned", stream, written))
+
+    def write_now(self, data):
+        self.log.append(("write", data))
+
+    def loans_over(self):
+        self.log.append(("over",))
+
+    def loan_lost(self, last):
+        self.log.append(("lost", last))
+
+
+def _learn(loans, key, head, chunks, response):
+    """What the HTTP infer route keeps of an answer it wrote."""
+    loans.learn(key, response.model_version, prepared_answer(head, chunks, response))
+
+
+def test_the_connection_keeps_binary_answers_and_forgets_others():
+    loans = ConnectionLoans(_Hooks())
+    loans.fd = 7
     out = OutputTensor("OUT", "FP32", [1, 2], b"12345678")
     key = ("/v2/models/m/infer", b"{}")
-    assert book.lookup(key, None) is None
-    book.learn(key, b"HEAD", [b"{json}", b"12345678"], _response([out]))
-    answer = book.lookup(key, None)
-    assert answer.frame == [[b"HEAD{json}", b""], [["OUT", "FP32", [1, 2], 8]]]
+    assert loans.prepared(key, None) is None
+    _learn(loans, key, b"HEAD", [b"{json}", b"12345678"], _response([out]))
+    answer = loans.prepared(key, None)
     assert answer.model_version == "1"
-    assert book.lookup(("/v2/models/m/infer", b"{other}"), None) is None
+    assert answer.lend("w") == 7
+    assert answer.frame == [[b"HEAD{json}", b""], [["OUT", "FP32", [1, 2], 8]]]
+    assert loans.prepared(("/v2/models/m/infer", b"{other}"), None) is None
     # An output in the JSON header (not binary) cannot be prepared: forgotten.
-    book.learn(key, b"HEAD", [b"{json}"], _response([out]))
-    assert book.lookup(key, None) is None
+    _learn(loans, key, b"HEAD", [b"{json}"], _response([out]))
+    assert loans.prepared(key, None) is None
     for response in (_response([out], {"p": 1}),
                      _response([OutputTensor("S", "BYTES", [1], b"\0\0\0\0")]),
                      _response([OutputTensor("OUT", "FP32", [1], b"1234", {"q": 1})])):
-        book.learn(key, b"HEAD", [b"{json}", b"1234"], response)
-        assert book.lookup(key, None) is None
+        _learn(loans, key, b"HEAD", [b"{json}", b"1234"], response)
+        assert loans.prepared(key, None) is None
+
+
+def test_a_connection_is_lent_to_one_worker_at_a_time_and_framed_per_stream():
+    hooks = _Hooks((b"<", b">"))
+    loans = ConnectionLoans(hooks)
+    loans.learn("key", "1", AnswerLayout([b"a", b"b"], 10, [["OUT", "FP32", [2], 8]]))
+    assert loans.prepared("key", 1).lend("w") == -1  # no socket to lend (TLS, say)
+    loans.fd = 7
+    first, second, other = (loans.prepared("key", sid) for sid in (1, 3, 5))
+    assert first.lend("w") == 7 and first.frame == [[b"<a", b"b>"], [["OUT", "FP32", [2], 8]]]
+    assert second.lend("w") == 7  # the same worker's next batch: in turn
+    assert other.lend("v") == -1  # another worker could write at the same time
+    first.returned(None)
+    second.returned(b"")
+    assert hooks.log == [("lend", 1, 10, True), ("lend", 3, 10, False), ("returned", 1, False),
+                         ("returned", 3, True), ("over",)]
+    assert other.lend("v") == 7  # the loans are over: any worker may have it
+
+
+def test_a_socket_that_took_part_of_an_answer_is_never_lent_again():
+    hooks = _Hooks()
+    loans = ConnectionLoans(hooks)
+    loans.fd = 7
+    loans.learn("key", "1", AnswerLayout([b"a", b""], 9, []))
+    answer = loans.prepared("key", None)
+    answer.lend("w")
+    answer.returned(b"rest")
+    assert hooks.log[-2:] == [("write", b"rest"), ("over",)]
+    assert not loans.lendable and loans.prepared("key", None).lend("w") == -1
+
+
+def test_a_worker_that_dies_while_it_writes_loses_the_connection():
+    hooks = _Hooks()
+    loans = ConnectionLoans(hooks)
+    loans.fd = 7
+    loans.learn("key", "1", AnswerLayout([b"a", b""], 9, []))
+    loans.prepared("key", 1).lend("w")
+    loans.prepared("key", 3).lend("w")
+    loans.prepared("key", 1).lost()
+    loans.prepared("key", 3).lost()
+    assert hooks.log[-2:] == [("lost", False), ("lost", True)]
+    assert loans.lent == 0 and loans.holder is None

@@ -101,7 +101,7 @@ def worker(tmp_path, monkeypatch):
             socket.send_fds(front_end, [batch_id.to_bytes(8, "little")], [server.fileno()])
         init = messages.Init("ident", 1, "", "", {}, "ident_0_0", "CPU", 0, segments[0].name,
                              segments[1].name, segments[2].name, 1 << 12,
-                             answer_fd=os.dup(worker_end.fileno()))
+                             loan_fd=os.dup(worker_end.fileno()))
         channel = QueueChannel(frames)
         WorkerLoop(channel, FrameReader(channel), runner, init).run()
         mark = RequestTable(Segment.attach(segments[2].name))
@@ -123,7 +123,7 @@ def _execute(batch_id: int, value: float) -> messages.Execute:
     data = np.array([[value, 1.0]], np.float32).tobytes()
     request = messages.RequestFrame(
         f"r{batch_id}", 0, 0, {}, [messages.TensorRef("IN", "FP32", [1, 2], [0, 8])], ["OUT"],
-        batch_id, answer=[0, [PREFIX, b"\n"], EXPECTED])
+        batch_id, prepared_answer=[0, [PREFIX, b"\n"], EXPECTED])
     return messages.Execute(batch_id, data, [request])
 
 
@@ -142,7 +142,7 @@ def _told(sent) -> list:
 def test_a_waiting_batch_carries_what_the_last_one_wrote(worker):
     sent, got, mark = worker([_execute(1, 1.0), _execute(2, 2.0)], lend=[1, 2])
     assert _told(sent) == [("result", 1, []), ("result", 2, [[1, []]]), ("written", 2)]
-    assert all(r.by_worker for m in sent if isinstance(m, messages.Result)
+    assert all(r.written_by_worker for m in sent if isinstance(m, messages.Result)
                for r in m.responses)
     assert got == _answer(1.0) + _answer(2.0)
     assert mark == 2  # each batch was marked whole while its news waited
@@ -176,7 +176,7 @@ def test_what_a_full_socket_did_not_take_goes_to_the_front_at_once(worker):
     written = [m for m in sent if isinstance(m, messages.Written)][0]
     assert written.unsent == [[0, _answer(1.0)]]
     second = [m for m in sent if isinstance(m, messages.Result)][1]
-    assert not second.responses[0].by_worker
+    assert not second.responses[0].written_by_worker
     assert mark == 0  # never marked: what the front does not have yet is not whole
 
 

@@ -1,12 +1,13 @@
-"""Clients' sockets lent to one worker, for the answers it writes itself (docs/fast-path.md).
+"""The loans of clients' sockets to one model worker, for the answers it writes itself
+(docs/fast-path.md): dispatch's side of the answer loan (answer_loan.py).
 
-A request may carry a prepared answer (WorkRequest.answer, work_types.PreparedAnswer): its
+A request may carry a prepared answer (WorkRequest.prepared_answer, an AnswerLoan): its
 client's socket is lent to the worker with the batch (SCM_RIGHTS over a socket pair of its
-own, `open`), and the worker then writes the answer itself (see workers/answers.py). The
+own, `open`), and the worker then writes the answer itself (workers/prepared_answers.py). The
 worker says which answers it writes in the batch's Result; it writes them after the Result,
 and says what it did not write (a Written frame, or a note on its next Result). Until then
 the answers' connections are the worker's: the front writes nothing to them. Answers the
-worker does not write, or cannot be lent, are returned to the front, which answers them.
+worker does not write, or that cannot be lent, are returned to the front, which answers them.
 """
 
 import socket
@@ -15,7 +16,7 @@ from typing import Optional
 from shmserve.ipc import messages
 
 
-class SocketLoans:
+class WorkerLoans:
     def __init__(self, holder):
         """`holder`: whom the sockets are lent to, as the connections know it (the
         instance's WorkerHandle, whose batches write in turn)."""
@@ -51,7 +52,7 @@ class SocketLoans:
         sockets = []
         lent = []
         for i, req in enumerate(batch):
-            answer = req.answer
+            answer = req.prepared_answer
             fd = answer.lend(self._holder) if answer is not None else -1
             if fd < 0:
                 sockets.append(-1)
@@ -80,7 +81,7 @@ class SocketLoans:
         front's."""
         writing = []
         for index, answer in lent:
-            if responses and responses[index].by_worker:
+            if responses and responses[index].written_by_worker:
                 writing.append((index, answer))
             else:
                 answer.returned(None)  # the front answers it

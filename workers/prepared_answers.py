@@ -2,7 +2,7 @@
 
 The front's event loop is one thread, and writing each answer is its largest single cost; the
 worker, which has the outputs in hand when its batch ends, is mostly idle. So for a request
-whose answer the front could predict up to the outputs' bytes (see shmserve/http/
+whose answer the front could predict up to the outputs' bytes (see shmserve/fastpath/
 prepared_answers.py), the front lends the worker the client's socket for the batch, and the
 worker writes the prepared bytes and the outputs. Anything unexpected in the response (an
 error, parameters, other outputs or shapes, an output not inline) leaves the answer to the
@@ -25,7 +25,7 @@ _ANCILLARY_SPACE = socket.CMSG_SPACE(messages.MAX_LENT_SOCKETS * array.array("i"
 _RECV_FLAGS = int(socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
 
 
-class ClientSockets:
+class LentSockets:
     """The end of the socket the front lends clients' sockets on, one packet per batch."""
 
     def __init__(self, fd: int):
@@ -76,12 +76,12 @@ def take_answers(responses: list, requests: list, fds: list, backed_up: set,
     """The prepared answers of the batch's `requests` (messages.RequestFrame) whose response
     (batch.Response, in the same order) matches, for write_answers: [(socket, [(request
     index, answer bytes)])], the sockets being `fds` (the batch's distinct sockets, which each
-    answer names by index). The Result says these requests are answered `by_worker`. A socket
+    answer names by index). The Result says these requests are `written_by_worker`. A socket
     in `backed_up` is left to the front: it still has the rest of an earlier answer to write.
     Outputs larger than `inline_threshold` are left to the front, as are their answers."""
     by_socket = {}  # socket index -> [(request index, answer bytes)]
     for i, (request, response) in enumerate(zip(requests, responses)):
-        answer = request.answer
+        answer = request.prepared_answer
         if answer is None or not request.ready or request.output_regions:
             continue
         data = _answer_bytes(answer, response, inline_threshold)

@@ -46,6 +46,16 @@ class CheckedTemplate:
 
     __slots__ = ("signature", "parameters", "inputs", "batch_size", "priority",
                  "timeout_us", "correlation_id", "flags", "model_parameters", "requested")
+    signature: object  # the model version's ModelSignature
+    parameters: dict
+    inputs: list  # (name, datatype, shape, byte length) of each input
+    batch_size: int
+    priority: int
+    timeout_us: int
+    correlation_id: int | str
+    flags: int
+    model_parameters: dict
+    requested: list
 
     @classmethod
     def of(cls, request: InferRequest, mv, work: WorkRequest, batch_size: int, priority: int,
