@@ -2,9 +2,9 @@
 
 The properties of tests/unit/test_fuzz_decoders.py (a correct result or a ServerError with a
 client-facing code; memory in proportion to the input) and of the gRPC layer in
-tests/unit/test_grpc_transport.py (every call on an HTTP/2 connection ends with a gRPC status,
-whatever its framing, headers and the bytes after it) and of tests/unit/test_http2.py (any
-frames either parse or end the connection with GOAWAY) and of tests/unit/test_http1.py (any
+tests/unit/grpc/test_grpc_transport.py (every call on an HTTP/2 connection ends with a gRPC status,
+whatever its framing, headers and the bytes after it) and of tests/unit/grpc/test_http2.py (any
+frames either parse or end the connection with GOAWAY) and of tests/unit/http/test_http1.py (any
 bytes on an HTTP/1.1 connection get answers, a refusal or a wait, never an exception), run with many more examples by
 hypothesis, and with --atheris also coverage-guided (libFuzzer through atheris) on the decoders
 that take bytes or text: the HTTP infer body, the gRPC ModelInferRequest, config.pbtxt,

@@ -3,7 +3,7 @@
 Usage: .venv/bin/python model_repository/textgen/train.py
 
 numpy only: the forward pass keeps what the backward pass needs, the gradients are written out
-by hand (tests/unit/test_textgen.py checks them against finite differences), and Adam updates
+by hand (tests/unit/model_repository/test_textgen.py checks them against finite differences), and Adam updates
 the weights. Reproducible: one fixed seed drives initialization and batch order, and the step
 count is fixed (the run takes a few minutes on two CPU cores). The weights are saved as
 float16 with the vocabulary and head count, and the script ends by reloading them through

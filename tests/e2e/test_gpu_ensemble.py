@@ -3,7 +3,7 @@ device output reaches the second step's model as a device tensor (read in place 
 IPC handle, or directly when one instance runs both steps), and the first instance lets it go
 once the second has answered. A CPU step still gets host memory.
 
-Needs cupy and an NVIDIA GPU; skipped elsewhere (tests/unit/test_device_tensors.py and
+Needs cupy and an NVIDIA GPU; skipped elsewhere (tests/unit/workers/test_device_tensors.py and
 test_ensemble.py cover the logic with stand-ins)."""
 
 import concurrent.futures

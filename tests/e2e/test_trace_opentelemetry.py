@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 
 from tests.conftest import start_server, stop_server
 from tests.e2e.test_bls import probe_inputs
-from tests.unit.test_otel import Collector
+from tests.unit.observability.test_otel import Collector
 
 MODELS = ("identity_fp32", "ens_large", "bls_probe", "add_sub")
 

@@ -18,8 +18,8 @@ import referencing
 import yaml
 
 from shmserve.host.cli import parse_options
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(ROOT, "deploy")
 KUBERNETES = os.path.join(DEPLOY, "kubernetes")
 UNIT = os.path.join(DEPLOY, "systemd", "shmserve.service")

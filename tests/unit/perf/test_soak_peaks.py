@@ -3,7 +3,7 @@
 import os
 import sys
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "perf"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "..", "perf"))
 from soaking.report import growth_table, rss_peaks  # noqa: E402  (perf/ holds scripts, not a package)
 
 

@@ -16,7 +16,7 @@ from shmserve.ipc.segments import (
 )
 
 SHM_DIR = "/dev/shm"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

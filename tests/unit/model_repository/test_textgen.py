@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import workers.triton_python_backend_utils as pb_utils
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_DIR = os.path.join(ROOT, "model_repository", "textgen")
 VERSION_DIR = os.path.join(MODEL_DIR, "1")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

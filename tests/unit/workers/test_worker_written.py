@@ -16,7 +16,7 @@ from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import codec, messages, request_table
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.segments import Segment
-from tests.unit.test_prepared_answers import _read_all as read_all
+from tests.unit.workers.test_prepared_answers import _read_all as read_all
 from workers import loop
 from workers.backends import Context
 from workers.backends.python import PythonModel

@@ -13,8 +13,8 @@ from shmserve.config.parse import parse_config_text
 from shmserve.errors import Code, ServerError
 from shmserve.repository.config_completion import auto_complete, complete_model_config
 from shmserve.repository.scan import ModelEntry
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ADDS_FIELDS = """
 import triton_python_backend_utils as pb_utils

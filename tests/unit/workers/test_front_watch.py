@@ -16,9 +16,9 @@ import pytest
 from shmserve.ipc.segments import Segment, unlink_segments_of
 from workers import front_watch
 from workers.front_watch import wait_for_exit
+from tests.conftest import ROOT
 
 SHM_DIR = "/dev/shm"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 WAIT_S = 10.0
 

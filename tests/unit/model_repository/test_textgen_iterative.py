@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import workers.triton_python_backend_utils as pb_utils
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERSION_DIR = os.path.join(ROOT, "model_repository", "textgen_iterative", "1")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
