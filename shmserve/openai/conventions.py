@@ -18,12 +18,16 @@ too); other models get Triton's 400.
 """
 
 import json
+import struct
 from dataclasses import dataclass
+
+import numpy as np
 
 from shmserve.errors import ServerError
 from shmserve.http.codec import output_values
 from shmserve.http.generate import input_tensor
-from shmserve.inference import InferRequest, InferResponse
+from shmserve.inference import InferRequest, InferResponse, InputTensor
+from shmserve.ipc import datatypes
 from shmserve.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from shmserve.signature import ModelSignature
 
@@ -146,10 +150,47 @@ def _fill(request: InferRequest, model: TextModel, values: dict) -> None:
         if spec is None:
             continue
         try:
-            request.inputs.append(input_tensor(spec, value, batched))
+            request.inputs.append(_one_value(spec, value, batched)
+                                  or input_tensor(spec, value, batched))
         except ServerError as exc:
             raise RouteError(400, f"model '{model.name}' cannot take '{name}' as it declares "
                                   f"it: {exc.message}") from None
+        except (struct.error, OverflowError):  # a number the datatype cannot hold
+            raise RouteError(400, f"model '{model.name}' cannot take '{name}' = {value!r} as "
+                                  f"{spec.datatype}") from None
+
+
+# One value as each datatype's wire bytes (little-endian); struct.error for one it cannot hold.
+_PACK = {name: struct.Struct("<" + code).pack for name, code in (
+    ("BOOL", "?"), ("INT8", "b"), ("INT16", "h"), ("INT32", "i"), ("INT64", "q"),
+    ("UINT8", "B"), ("UINT16", "H"), ("UINT32", "I"), ("UINT64", "Q"), ("FP16", "e"),
+    ("FP32", "f"), ("FP64", "d"))}
+
+
+def _one_value(spec, value, batched: bool) -> InputTensor | None:
+    """The input holding one value, for an input of one element: most of a request's inputs,
+    made here without the general JSON conversion, which costs several times more. None for
+    anything else (a list, a value of another kind than the datatype)."""
+    if isinstance(value, list):
+        return None
+    shape = [1 if d < 0 else d for d in spec.dims]
+    if datatypes.element_count(shape) != 1:
+        return None
+    datatype = spec.datatype
+    if datatype == "BYTES":
+        if not isinstance(value, str):
+            return None
+        data = datatypes.serialize_bytes((value,))
+    elif datatype not in _PACK or (datatype == "BOOL") != isinstance(value, bool) \
+            or not isinstance(value, (bool, int, float)):
+        return None
+    else:
+        if isinstance(value, float) and datatype.startswith(("INT", "UINT")):
+            return None
+        data = _PACK[datatype](value)
+    if batched:
+        shape.insert(0, 1)
+    return InputTensor(spec.name, datatype, shape, data)
 
 
 def text_of(response: InferResponse) -> str:
@@ -183,13 +224,10 @@ def embedding_of(model: TextModel, response: InferResponse) -> list[float]:
                 raise RouteError(500, f"model '{model.name}' answered no embedding")
             return [float(v) for v in vector]
         if out.name == EMBEDDING_OUTPUT and out.datatype not in ("BYTES", "BOOL"):
-            if out.datatype in ("FP16", "BF16"):
-                import numpy as np
-
-                dtype = np.float16 if out.datatype == "FP16" else None
-                if dtype is None:  # bfloat16: the upper half of a float32
-                    raw = np.frombuffer(out.data, np.uint16).astype(np.uint32) << 16
-                    return raw.view(np.float32).tolist()
-                return np.frombuffer(out.data, dtype).astype(np.float32).tolist()
+            if out.datatype == "BF16":  # the upper half of a float32
+                raw = np.frombuffer(out.data, np.uint16).astype(np.uint32) << 16
+                return raw.view(np.float32).tolist()
+            if out.datatype == "FP16":
+                return np.frombuffer(out.data, np.float16).astype(np.float32).tolist()
             return [float(v) for v in output_values(out, "replace")]
     raise RouteError(500, f"model '{model.name}' answered no '{EMBEDDING_OUTPUT}' output")

@@ -241,6 +241,9 @@ class OpenAIRoutes:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         usage = _Usage()
         stream = None
+        # Events not yet written: the opening goes out with the first chunk, the last chunk
+        # with the usage and [DONE], one write each.
+        pending: list = []
         async with contextlib.aclosing(self.dp.stream(infer_request)) as items:
             try:
                 async for item in items:
@@ -248,10 +251,9 @@ class OpenAIRoutes:
                         if item.error is not None:
                             raise item.error  # before the stream: the request's status
                         stream = request.stream(SSE_HEADERS)
-                        for event in answer.opening():
-                            await stream.write(event)
+                        pending.extend(answer.opening())
                     if item.error is not None:
-                        await stream.write(_error_event(item.error))
+                        pending.append(_error_event(item.error))
                         break
                     text = ""
                     if item.response is not None:
@@ -262,18 +264,21 @@ class OpenAIRoutes:
                             item.response.done()
                     elif not item.final:
                         continue
-                    await stream.write(answer.chunk(text, item.final))
+                    pending.append(answer.chunk(text, item.final))
+                    if not item.final:
+                        await stream.write(b"".join(pending))
+                        pending.clear()
             except ServerError as exc:
                 if stream is None:
                     raise
-                await stream.write(_error_event(exc))
+                pending.append(_error_event(exc))
         if stream is None:  # no response at all: the request ended without one
             stream = request.stream(SSE_HEADERS)
-            for event in answer.opening():
-                await stream.write(event)
+            pending.extend(answer.opening())
         if include_usage and usage.known:
-            await stream.write(answer.usage_chunk(usage.completion()))
-        await stream.write(_DONE)
+            pending.append(answer.usage_chunk(usage.completion()))
+        pending.append(_DONE)
+        await stream.write(b"".join(pending))
         await stream.end()
 
 

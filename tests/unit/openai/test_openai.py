@@ -210,3 +210,17 @@ def test_token_counts_and_text_of_a_response():
     assert conventions.text_of(response) == "abc"
     assert conventions.token_counts(response) == (4, 3)
     assert conventions.token_counts(InferResponse("m", "1")) == (None, None)
+
+
+def test_a_value_the_declared_datatype_cannot_hold_is_refused():
+    typed = model("python", 0, spec("text_input", "BYTES", (1,), False), spec("seed", "UINT64"),
+                  spec("max_tokens", "INT8"), spec("temperature", "FP16"))
+    body = parse(CompletionRequest, b'{"model": "m", "prompt": "p", "seed": -1}')
+    with pytest.raises(RouteError, match="cannot take 'seed' = -1 as UINT64"):
+        conventions.generation_request(typed, "p", body, 16)
+    body = parse(CompletionRequest, b'{"model": "m", "prompt": "p", "max_tokens": 300}')
+    with pytest.raises(RouteError, match="cannot take 'max_tokens' = 300 as INT8"):
+        conventions.generation_request(typed, "p", body, 16)
+    body = parse(CompletionRequest, b'{"model": "m", "prompt": "p", "temperature": 0.5}')
+    request, _ = conventions.generation_request(typed, "p", body, 16)
+    assert inputs_of(request)["temperature"] == ("FP16", [1], [0.5])
