@@ -201,14 +201,27 @@ def text_of(response: InferResponse) -> str:
 
 
 def token_counts(response: InferResponse) -> tuple[int | None, int | None]:
-    """(num_input_tokens, num_output_tokens) where the response has them."""
-    counts: dict = {}
+    """(num_input_tokens, num_output_tokens) where the response has them: the first element
+    of each, an integer of any width (read for every streamed token, so without numpy)."""
+    prompt = output = None
     for out in response.outputs:
-        if out.name in ("num_input_tokens", "num_output_tokens") and out.datatype != "BYTES":
-            values = output_values(out, "replace")
-            if len(values):
-                counts[out.name] = int(values[0])
-    return counts.get("num_input_tokens"), counts.get("num_output_tokens")
+        if out.name == "num_input_tokens":
+            prompt = _first_int(out)
+        elif out.name == "num_output_tokens":
+            output = _first_int(out)
+    return prompt, output
+
+
+_INTEGERS = {"INT8": (1, True), "INT16": (2, True), "INT32": (4, True), "INT64": (8, True),
+             "UINT8": (1, False), "UINT16": (2, False), "UINT32": (4, False),
+             "UINT64": (8, False)}
+
+
+def _first_int(out) -> int | None:
+    size, signed = _INTEGERS.get(out.datatype, (0, False))
+    if not size or len(out.data) < size:
+        return None
+    return int.from_bytes(out.data[:size], "little", signed=signed)
 
 
 def embedding_of(model: TextModel, response: InferResponse) -> list[float]:
