@@ -48,7 +48,8 @@ class ChatTemplate:
             return template.render(messages=messages, tools=tools,
                                    add_generation_prompt=add_generation_prompt,
                                    **self._special)
-        except TemplateError as exc:
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError,
+                AttributeError) as exc:  # what a template's own expressions may raise
             raise ChatTemplateError(f"the chat template of {self.origin} failed: {exc}") from None
 
 

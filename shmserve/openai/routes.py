@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import orjson
+from jinja2 import TemplateError
 
 from shmserve.dataplane import DataPlane
 from shmserve.errors import Code, ServerError
@@ -135,7 +136,7 @@ class OpenAIRoutes:
             if folder and os.path.isdir(folder):
                 try:
                     own = chat_templates.load(folder, self.settings.chat_template)
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, TemplateError) as exc:
                     raise RouteError(500, f"cannot read the tokenizer of model '{name}': "
                                           f"{exc}") from None
             self._templates[name] = own

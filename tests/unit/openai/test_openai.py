@@ -224,3 +224,10 @@ def test_a_value_the_declared_datatype_cannot_hold_is_refused():
     body = parse(CompletionRequest, b'{"model": "m", "prompt": "p", "temperature": 0.5}')
     request, _ = conventions.generation_request(typed, "p", body, 16)
     assert inputs_of(request)["temperature"] == ("FP16", [1], [0.5])
+
+
+def test_a_template_whose_expression_fails_says_so(tmp_path):
+    write(tmp_path, "tokenizer_config.json",
+          json.dumps({"chat_template": "{{ messages[0]['content'] + 1 }}"}))
+    with pytest.raises(chat_templates.ChatTemplateError, match="failed"):
+        chat_templates.load(str(tmp_path)).render([{"role": "user", "content": "x"}])
