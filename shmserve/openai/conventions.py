@@ -108,8 +108,12 @@ def generation_request(model: TextModel, prompt: str,
             value = getattr(body, name)
             if value is not None:
                 values[name] = value
-    values["return_num_input_tokens"] = True
-    values["return_num_output_tokens"] = True
+    # Token counts are asked for only where the answer shows them: every response of a
+    # stream would carry them, which costs a model two more outputs per token
+    # (perf/bench_openai.py).
+    counts = not body.stream or bool(body.stream_options and body.stream_options.include_usage)
+    values["return_num_input_tokens"] = counts
+    values["return_num_output_tokens"] = counts
     request = InferRequest(model_name=model.name)
     _fill(request, model, values)
     return request, bool(echo) and echo_input is None
