@@ -24,6 +24,7 @@ from shmserve.dataplane import DecoupledModel
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.inference import InferRequest, InferResponse, InputTensor, RequestedOutput
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InRegion
 
 log = logging.getLogger("shmserve")
 
@@ -159,7 +160,7 @@ class ServerCalls:
                         worker.map_region(place.region)
                     except ConnectionError:
                         return False
-                    location = [place.region.region_id, place.offset, place.nbytes]
+                    location = InRegion(place.region.region_id, place.offset, place.nbytes)
                     leased = True
                 else:
                     location = o.data  # the one copy of these bytes: into the frame

@@ -1,5 +1,5 @@
 """Tensors that go from one GPU instance to another without leaving the GPU: an ensemble's
-intermediates (see the DEVICE_MEMORY location in shmserve/ipc/messages.py).
+intermediates (see the KeptOnDevice and OnDevice locations in shmserve/ipc/locations.py).
 
 The producing instance keeps a copy of the array its model made (`KeptOutputs`) and describes
 it by the CUDA IPC handle of the allocation the copy lies in; the front passes that on as an
@@ -14,7 +14,7 @@ CUDA opens no handle in the process that made it.
 import itertools
 import threading
 
-from shmserve.ipc import messages
+from shmserve.ipc.locations import KeptOnDevice, OnDevice
 from workers import cuda
 from workers.regions import ClientRegions
 
@@ -31,8 +31,8 @@ class KeptOutputs:
         # Decoupled models answer from their own threads.
         self._lock = threading.Lock()
 
-    def keep(self, array) -> list:
-        """The DEVICE_MEMORY location of a copy of the device array `array`, kept from now
+    def keep(self, array) -> KeptOnDevice:
+        """The location of a copy of the device array `array`, kept from now
         on. A copy on the GPU costs little, and the model may reuse its array in its next
         batch while the reader still reads, or have it from memory it does not own (a
         client's region) and which no handle of its own could name."""
@@ -43,8 +43,7 @@ class KeptOutputs:
             self._arrays[keep_id] = (array, raw_handle)
             entry = self.exported.setdefault(raw_handle, [array.data.ptr - offset, 0])
             entry[1] += 1
-        return [messages.DEVICE_MEMORY, raw_handle, array.device.id, offset, array.nbytes,
-                keep_id]
+        return KeptOnDevice(raw_handle, array.device.id, offset, array.nbytes, keep_id)
 
     def release(self, keep_ids: list) -> None:
         with self._lock:
@@ -71,10 +70,10 @@ class DeviceInputs:
         self._regions = regions
         self._opened: list = []  # (pointer, device) of the handles this batch opened
 
-    def input(self, location, datatype: str):
+    def input(self, location: OnDevice, datatype: str):
         """A cupy uint8 view of the tensor (a host memoryview for a model that takes host
         inputs); ValueError when its handle cannot be opened."""
-        _, raw_handle, device, offset, nbytes = location
+        raw_handle, device = location.raw_handle, location.device_id
         own = self._kept.exported.get(raw_handle)
         if own is not None:
             base = own[0]
@@ -86,8 +85,8 @@ class DeviceInputs:
                                  f"opened: {exc}") from None
             # Opening one handle twice counts twice, so each open is closed.
             self._opened.append((base, device))
-        return self._regions.for_model(cuda.device_bytes(base + offset, nbytes, device),
-                                       datatype)
+        return self._regions.for_model(
+            cuda.device_bytes(base + location.offset, location.nbytes, device), datatype)
 
     def close(self) -> None:
         """The batch is done, and the model holds no input past it (as in Triton). Work it

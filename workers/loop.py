@@ -37,6 +37,7 @@ import numpy as np
 from shmserve.ipc import datatypes, messages
 from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.idle_spin import MIN_IDLE_CORES, STREAM_MIN_IDLE_CORES
+from shmserve.ipc.locations import InOutputArena, InRegion, OnDevice, WrittenToRegion
 from shmserve.ipc.request_table import RequestTable
 from shmserve.ipc.segments import Segment
 from workers import cuda
@@ -126,8 +127,7 @@ class WorkerLoop:
     def _input_block(self, location) -> memoryview:
         if isinstance(location, bytes):
             return memoryview(location)  # slices of a memoryview are views, of bytes copies
-        _, offset, nbytes = location
-        return self._input_arena.view(offset, nbytes)
+        return self._input_arena.view(location.offset, location.nbytes)
 
     def _execute(self, msg: messages.Execute) -> None:
         if self._spin is not None:
@@ -235,14 +235,14 @@ class WorkerLoop:
 
     def _batch_input(self, ref: messages.TensorRef, block: memoryview) -> Input:
         location = ref.location
-        if len(location) == 5:
-            buffer = self._device_inputs.input(location, ref.datatype)
-        elif len(location) == 3:
+        if type(location) is InRegion:
             buffer = self._regions.input(location, ref.datatype)
-            if self._regions.in_host_memory(location[0]):
+            if self._regions.in_host_memory(location.region_id):
                 return Input(ref.name, ref.datatype, ref.shape, buffer, location)
+        elif type(location) is OnDevice:
+            buffer = self._device_inputs.input(location, ref.datatype)
         else:
-            offset, nbytes = location
+            offset, nbytes = location  # within the batch's input block
             buffer = block[offset:offset + nbytes]
         return Input(ref.name, ref.datatype, ref.shape, buffer)
 
@@ -272,16 +272,16 @@ class WorkerLoop:
         frame = None if resp is None else self._frame(resp, targets, on_device)
         self._channel.send(messages.StreamResponse(row, final, frame))
 
-    def _place_in_region(self, out, target) -> tuple:
+    def _place_in_region(self, out, target: InRegion) -> WrittenToRegion:
         arr = out.array
         serialized = None
         if out.datatype == "BYTES":
             serialized = datatypes.serialize_bytes(arr.reshape(-1))
         nbytes = self._regions.write(target, out.name, arr, serialized)
-        return (messages.CLIENT_REGION, target[0], nbytes)
+        return WrittenToRegion(target.region_id, nbytes)
 
     def _keep_on_device(self, out):
-        """The DEVICE_MEMORY location of an output the model made on the GPU, kept there;
+        """The KeptOnDevice location of an output the model made on the GPU, kept there;
         None for an output in host memory, or one small enough to travel inline."""
         arr = out.array
         if not cuda.is_device_array(arr) or out.datatype == "BYTES" \
@@ -319,7 +319,7 @@ class WorkerLoop:
             dst[:] = data
         else:
             np.copyto(np.frombuffer(dst, dtype=arr.dtype).reshape(arr.shape), arr)
-        return (messages.OUTPUT_ARENA, offset, nbytes)
+        return InOutputArena(offset, nbytes)
 
 
 class _RowResponder:

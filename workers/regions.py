@@ -16,6 +16,7 @@ import numpy as np
 import posix_ipc
 
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InRegion
 from shmserve.ipc.segments import Segment
 from workers import cuda
 
@@ -95,13 +96,12 @@ class ClientRegions:
         for region_id in list(self._mappings):
             self.unmap(region_id)
 
-    def input(self, location, datatype: str):
+    def input(self, location: InRegion, datatype: str):
         """An input's bytes, in place: a memoryview, or a cupy uint8 array for a CUDA region
         when the model takes GPU inputs (copied to host memory otherwise). ValueError when
         the region is not mapped or the range leaves it."""
-        region_id, offset, nbytes = location
-        mapping = self._mapping(region_id)
-        view = mapping.view(offset, nbytes)
+        mapping = self._mapping(location.region_id)
+        view = mapping.view(location.offset, location.nbytes)
         if isinstance(mapping, Segment):
             return view
         return self.for_model(view, datatype)
@@ -117,11 +117,11 @@ class ClientRegions:
         """Whether the region is mapped here as system shared memory (not CUDA)."""
         return isinstance(self._mappings.get(region_id), Segment)
 
-    def write(self, target, name: str, array, serialized) -> int:
-        """Write an output into the client's slice `target` = (region id, offset, nbytes);
-        `serialized` holds a BYTES output's wire bytes. Returns the bytes written;
-        OutputTooLarge when the slice is smaller."""
-        region_id, offset, room = target
+    def write(self, target: InRegion, name: str, array, serialized) -> int:
+        """Write an output into the client's slice `target`; `serialized` holds a BYTES
+        output's wire bytes. Returns the bytes written; OutputTooLarge when the slice is
+        smaller."""
+        region_id, offset, room = target.region_id, target.offset, target.nbytes
         nbytes = len(serialized) if serialized is not None else array.nbytes
         if nbytes > room:
             raise OutputTooLarge(

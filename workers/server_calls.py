@@ -23,6 +23,7 @@ from collections import deque
 import numpy as np
 
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InRegion
 from shmserve.ipc.allocator import ArenaAllocator
 from shmserve.ipc.segments import Segment
 from workers.regions import ClientRegions
@@ -197,11 +198,11 @@ class FrameReader:
         """Replace the outputs the reply holds by reference with copies the model owns (and
         may write to), then release the target's slots."""
         frame = reply.response
-        if frame is None or not any(type(t.location) is list for t in frame.outputs):
+        if frame is None or not any(type(t.location) is InRegion for t in frame.outputs):
             return
         try:
             for t in frame.outputs:
-                if type(t.location) is list:
+                if type(t.location) is InRegion:
                     t.location = bytearray(self.regions.input(t.location, t.datatype))
         except ValueError as exc:  # the region could not be mapped here
             frame.error = ["INTERNAL", f"cannot read the BLS response's outputs: {exc}"]

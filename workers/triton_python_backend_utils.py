@@ -127,10 +127,11 @@ __all__ = [
     "struct",
 ]
 
-# The worker side's hooks, imported above: _set_model_context (workers/backends/python.py),
-# _allow_bls (ditto), _set_server_calls (workers/__main__.py), _metrics_snapshot
-# (workers/metrics_report.py). Its classes' underscore methods (Tensor._wrap,
-# InferenceRequest._incoming, ...) come with the classes.
+# The worker side's hooks, imported above: _set_model_context
+# (workers/backends/python_import.py), _allow_bls (workers/backends/python.py),
+# _set_server_calls (workers/__main__.py), _metrics_snapshot (workers/metrics_report.py). Its
+# classes' underscore methods (Tensor._wrap, InferenceRequest._incoming, ...) come with the
+# classes.
 
 # The classes present themselves as members of this module, as they did before the split: in
 # reprs, in the type names error texts and tracebacks show, and to pickle.

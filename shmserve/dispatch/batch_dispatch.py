@@ -28,6 +28,7 @@ from shmserve.dispatch.work_types import BatchTimings, DeviceTensor, WorkOutput,
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.fastpath.worker_loans import WorkerLoans, return_unwritten
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InOutputArena, KeptOnDevice, WrittenToRegion
 from shmserve.ipc.request_table import RowAllocator
 
 if TYPE_CHECKING:
@@ -205,25 +206,22 @@ class BatchDispatch:
         for t in frame.outputs:
             loc = t.location
             if isinstance(loc, bytes):
-                data = loc
-            elif loc[0] == messages.CLIENT_REGION:
-                data = b""  # the client reads it from its own region
-            elif loc[0] == messages.DEVICE_MEMORY:
-                _, raw_handle, device_id, offset, nbytes, keep_id = loc
-                outputs.append(WorkOutput(t.name, t.datatype, t.shape, b"", device=DeviceTensor(
-                    raw_handle, device_id, offset, nbytes)))
-                kept.append(keep_id)
-                continue
-            else:
-                _, offset, nbytes = loc
+                outputs.append(WorkOutput(t.name, t.datatype, t.shape, loc))
+            elif type(loc) is InOutputArena:
                 output_buf = self._memory.output_buf
                 assert output_buf is not None  # a process that writes outputs has its arena
                 outputs.append(WorkOutput(t.name, t.datatype, t.shape,
-                                          output_buf[offset:offset + nbytes],
-                                          offset))
-                slots.append(offset)
-                continue
-            outputs.append(WorkOutput(t.name, t.datatype, t.shape, data))
+                                          output_buf[loc.offset:loc.offset + loc.nbytes],
+                                          loc.offset))
+                slots.append(loc.offset)
+            elif type(loc) is WrittenToRegion:
+                # The client reads it from its own region.
+                outputs.append(WorkOutput(t.name, t.datatype, t.shape, b""))
+            else:
+                assert type(loc) is KeptOnDevice
+                outputs.append(WorkOutput(t.name, t.datatype, t.shape, b"", device=DeviceTensor(
+                    loc.raw_handle, loc.device_id, loc.offset, loc.nbytes)))
+                kept.append(loc.keep_id)
         if frame.written_by_worker:
             return WorkResponse(None, outputs, frame.parameters, written_by_worker=True)
         if not slots and not kept:

@@ -13,6 +13,7 @@ from shmserve.dispatch.arena import InputArena
 from shmserve.dispatch.memory_regions import RegionSlice
 from shmserve.dispatch.work_types import DeviceTensor
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InInputArena, InRegion, OnDevice
 
 # Tensors up to this size travel inside the control frame: for small tensors a memcpy into
 # the frame is cheaper than an arena slot and its release message. For inputs it bounds the
@@ -43,18 +44,17 @@ def layout(batch: list, rows: list, sockets: Optional[list] = None
         for t in req.inputs:
             data = t.data
             if type(data) is RegionSlice:
-                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, (
+                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, InRegion(
                     data.region.region_id, data.offset, data.nbytes)))
                 continue
             if type(data) is DeviceTensor:
-                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, (
-                    messages.DEVICE_MEMORY, data.raw_handle, data.device_id, data.offset,
-                    data.nbytes)))
+                refs.append(messages.TensorRef(t.name, t.datatype, t.shape, OnDevice(
+                    data.raw_handle, data.device_id, data.offset, data.nbytes)))
                 continue
             ref = messages.TensorRef(t.name, t.datatype, t.shape, None)
             refs.append(ref)
             placed.append((ref, data))
-        output_regions = {name: (s.region.region_id, s.offset, s.nbytes)
+        output_regions = {name: InRegion(s.region.region_id, s.offset, s.nbytes)
                           for name, s in req.output_regions.items()}
         trace = req.trace
         trace_id, trace_context = (0, "") if trace is None else (trace.id, trace.context)
@@ -90,7 +90,7 @@ def place_block(arena: InputArena, pieces: list, nbytes: int) -> tuple:
     if nbytes > INLINE_THRESHOLD:
         slot = arena.put(pieces, nbytes)
         if slot is not None:
-            return (messages.INPUT_ARENA, slot, nbytes), slot
+            return InInputArena(slot, nbytes), slot
         # arena full: correctness over speed, the block goes inline
     # msgpack copies a lone piece into the frame as it is: joining would copy it twice.
     return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), None

@@ -11,7 +11,8 @@ own BLS arena (`bls_slice`).
 from typing import Callable
 
 from shmserve.dispatch.memory_regions import CudaRegion, Region, RegionSlice, SystemRegion
-from shmserve.ipc import messages
+from shmserve.ipc import locations, messages
+from shmserve.ipc.locations import InCallArena, InRegion
 
 
 class MappedRegions:
@@ -55,17 +56,19 @@ class MappedRegions:
                 pass
 
     def bls_slice(self, location: list, bls_region: Region | None) -> RegionSlice:
-        """Where a BLS input lies: [offset, nbytes] in the model's BLS arena (`bls_region`), or
-        [region_id, offset, nbytes] in a region this process has mapped (an input of its own
-        passed on as it came). ValueError when there is no such region or the range leaves
-        it."""
-        if len(location) == 2:
-            region, (offset, nbytes) = bls_region, location
+        """Where a BLS input lies, by the location array the model's call carried: InCallArena
+        in the model's BLS arena (`bls_region`), or InRegion of a region this process has
+        mapped (an input of its own passed on as it came). ValueError when it is neither,
+        there is no such region or the range leaves it."""
+        loc = locations.checked(location)
+        if type(loc) is InCallArena:
+            region, offset, nbytes = bls_region, loc.offset, loc.nbytes
             where = "the BLS arena"
+        elif type(loc) is InRegion:
+            region, offset, nbytes = self._by_id.get(loc.region_id), loc.offset, loc.nbytes
+            where = f"a region this instance has mapped (id {loc.region_id})"
         else:
-            region_id, offset, nbytes = location
-            region = self._by_id.get(region_id)
-            where = f"a region this instance has mapped (id {region_id})"
+            raise ValueError(f"a BLS input cannot lie in {type(loc).__name__}")
         if region is None or type(offset) is not int or type(nbytes) is not int \
                 or offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
             raise ValueError(f"range [{offset}, {offset}+{nbytes}) is outside {where}")

@@ -184,9 +184,10 @@ class WorkerHandle:
         self._regions.unmap(region_id, tell=self.alive)
 
     def bls_slice(self, location: list) -> RegionSlice:
-        """Where a BLS input lies: [offset, nbytes] in the model's BLS arena, or [region_id,
-        offset, nbytes] in a region this process has mapped (an input of its own passed on
-        as it came). ValueError when there is no such region or the range leaves it."""
+        """Where a BLS input lies, by the location array the model's call carried: InCallArena
+        in the model's BLS arena, or InRegion of a region this process has mapped (an input of
+        its own passed on as it came). ValueError when it is neither, there is no such region
+        or the range leaves it."""
         return self._regions.bls_slice(location, self._memory.bls_region)
 
     async def stop(self, timeout: float = 10.0) -> None:

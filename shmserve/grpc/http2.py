@@ -1,116 +1,52 @@
-"""The server side of HTTP/2 (RFC 9113), as far as gRPC uses it: frames, stream states, flow
-control, SETTINGS, PING and GOAWAY. HPACK comes from the hpack library. Sans-IO: bytes go in
-through `receive`, what the peer did comes out as calls on a listener, and the frames to write
-collect until `data_to_send`.
+"""The server side of HTTP/2 (RFC 9113), as far as gRPC uses it: the connection's state
+machine, which parses frames and keeps stream states, flow control, SETTINGS, PING and GOAWAY.
+Sans-IO: bytes go in through `receive`, what the peer did comes out as calls on a listener, and
+the frames to write collect until `data_to_send`. Beside it: the frames' vocabulary
+(http2_frames.py), header blocks and HPACK (hpack_blocks.py), and the rate limits on PINGs and
+resets (http2_rate_limits.py).
 
 Why not the h2 library, which the gRPC layer used first: h2 is general (client and server,
 push, priorities, every event as an object, a state machine per stream) and pure Python, and
-under load it was 57 % of the front's CPU, more than everything else together. This module
-does only what a gRPC server needs, in few calls per frame. Two shortcuts keep HPACK cheap:
-header blocks we send never use the dynamic table (so they are constants), and a request
-block made only of one-byte table references (what a gRPC client sends for every call after
-its first) is decoded once and then looked up.
+it cost more CPU per call than the rest of the front (perf/findings/2026-11-transports.md).
+This module does only what a gRPC server needs, in few calls per frame.
 
 A client may try to make this side work, or hold memory, out of all proportion to what it
-sends. Each such way has a bound, and passing it ends the connection with GOAWAY: a header
-block longer than the advertised header list size is refused before it is decoded, and one
-may begin with at most two table size updates; PINGs follow gRPC's ping policy (strikes for
-PINGs that come too often while this side sends nothing); acknowledgements queued and not
-yet written are bounded; streams the client resets while this side serves them are rate
-limited. A SETTINGS frame is applied once, however many entries it repeats, and a new initial
-window costs the same however many streams are open (stream send windows are kept relative
-to it). And `receive` stops when its time slice is spent, so that what one connection sent
-cannot hold the event loop for long whatever it costs to parse.
+sends. Each such way has a bound, and passing it ends the connection with GOAWAY: header
+blocks are bounded before they are decoded (hpack_blocks.py); PINGs follow gRPC's ping policy
+and streams the client resets while this side serves them are rate limited
+(http2_rate_limits.py); acknowledgements queued and not yet written are bounded. A SETTINGS
+frame is applied once, however many entries it repeats, and a new initial window costs the
+same however many streams are open (stream send windows are kept relative to it). And
+`receive` stops when its time slice is spent, so that what one connection sent cannot hold
+the event loop for long whatever it costs to parse.
 """
 
-import math
-import struct
 import time
 
-import hpack
+from shmserve.grpc.hpack_blocks import TABLE_SIZE_ZERO, HeaderBlocks, encode_headers
+from shmserve.grpc.http2_frames import (ACK, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
+                                        DEFAULT_WINDOW, END_HEADERS, END_STREAM,
+                                        ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
+                                        FRAME_SIZE_ERROR, GOAWAY, HEADER_TABLE_SIZE, HEADERS,
+                                        INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS,
+                                        MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, MAX_WINDOW,
+                                        NO_ERROR, PADDED, PING, PREFACE, PRIORITY,
+                                        PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM,
+                                        RST_STREAM, SETTINGS, STREAM_CLOSED, WINDOW_UPDATE,
+                                        Http2Error, header_frames, parse_settings,
+                                        settings_frame, unpad)
+from shmserve.grpc.http2_frames import FRAME_HEAD as _FRAME_HEAD
+from shmserve.grpc.http2_frames import U32 as _U32
+from shmserve.grpc.http2_frames import frame as _frame
+from shmserve.grpc.http2_rate_limits import (MAX_PING_STRIKES, PING_INTERVAL_WITHOUT_DATA_S,
+                                             PingPolicy, ResetRateLimit)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-# Frame types.
-DATA = 0x0
-HEADERS = 0x1
-PRIORITY = 0x2
-RST_STREAM = 0x3
-SETTINGS = 0x4
-PUSH_PROMISE = 0x5
-PING = 0x6
-GOAWAY = 0x7
-WINDOW_UPDATE = 0x8
-CONTINUATION = 0x9
-
-# Flags.
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
-
-# Error codes.
-NO_ERROR = 0x0
-PROTOCOL_ERROR = 0x1
-FLOW_CONTROL_ERROR = 0x3
-STREAM_CLOSED = 0x5
-FRAME_SIZE_ERROR = 0x6
-REFUSED_STREAM = 0x7
-COMPRESSION_ERROR = 0x9
-ENHANCE_YOUR_CALM = 0xB
-
-# SETTINGS parameters.
-HEADER_TABLE_SIZE = 0x1
-ENABLE_PUSH = 0x2
-MAX_CONCURRENT_STREAMS = 0x3
-INITIAL_WINDOW_SIZE = 0x4
-MAX_FRAME_SIZE = 0x5
-MAX_HEADER_LIST_SIZE = 0x6
-
-DEFAULT_WINDOW = 65535
-DEFAULT_FRAME_SIZE = 16384
-MAX_WINDOW = 2**31 - 1
-MAX_FRAME_SIZE_LIMIT = 2**24 - 1
-
-_FRAME_HEAD = struct.Struct(">IBI")  # (length << 8 | type), flags, stream id
-_SETTING = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
-_DECODED_CACHE_SIZE = 64
-# Longer blocks are decoded each time: a client's repeated request blocks are a few dozen
-# bytes, and the cache's memory stays small.
-_DECODED_CACHE_BLOCK = 128
-
-# Bounds on what a client can make this side do (see the module docstring).
-# RFC 7541 §4.2: a block needs at most two (the smallest size since the last one, then the
-# final size).
-MAX_TABLE_SIZE_UPDATES = 2
 # Answers to the client's frames (PING and SETTINGS ACKs, RST_STREAMs) queued and not yet
 # taken by data_to_send: as nghttp2's and Go's servers bound them.
 MAX_QUEUED_CONTROL_FRAMES = 10000
-# Streams the client resets while this side still serves them (HTTP/2 "rapid reset"): a
-# burst, then so many a second.
-RESET_BURST = 1000
-RESET_RATE = 100.0
 # `receive` yields once it has parsed this long (looked at after each header block it
 # decodes, and every 32 frames).
 PARSE_SLICE_S = 0.005
-# gRPC's ping policy, with its defaults (tritonserver's --grpc-http2-min-recv-ping-interval-
-# without-data and --grpc-http2-max-ping-strikes): a PING sooner than this after the last one,
-# with no HEADERS or DATA sent in between, is a strike; one strike more than the maximum ends
-# the connection (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings"). While no call is open the
-# interval is two hours, unless pings without calls are permitted.
-PING_INTERVAL_WITHOUT_DATA_S = 300.0
-PING_INTERVAL_WITHOUT_CALLS_S = 7200.0
-MAX_PING_STRIKES = 2
-
-
-class Http2Error(Exception):
-    """A connection error: the connection ends with GOAWAY(code)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 class _Stream:
@@ -123,55 +59,6 @@ class _Stream:
         self.recv_window = recv_window
         self.remote_open = remote_open
         self.local_open = True
-
-
-def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    return _FRAME_HEAD.pack(len(payload) << 8 | ftype, flags, sid) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_STATUS_200 = (b":status", b"200")
-# Blocks already encoded: the few constant ones (response headers, OK trailers) are asked for
-# on every call. Only short blocks are kept, so that error trailers quoting what a client
-# sent cannot fill memory.
-_BLOCKS: dict = {}
-_BLOCKS_KEPT = 256
-_BLOCK_KEPT_BYTES = 512
-
-
-def encode_headers(headers: tuple) -> bytes:
-    """An HPACK block that leaves the dynamic table alone: ':status: 200' as its static index,
-    everything else as literals without indexing, so a block depends only on its headers."""
-    block = _BLOCKS.get(headers)
-    if block is None:
-        block = _encode_headers(headers)
-        if len(block) <= _BLOCK_KEPT_BYTES:
-            if len(_BLOCKS) >= _BLOCKS_KEPT:
-                _BLOCKS.clear()
-            _BLOCKS[headers] = block
-    return block
-
-
-def _encode_headers(headers: tuple) -> bytes:
-    parts = []
-    for name, value in headers:
-        if (name, value) == _STATUS_200:
-            parts.append(b"\x88")
-        else:
-            parts += (b"\x00", _hpack_int(len(name), 7), name, _hpack_int(len(value), 7), value)
-    return b"".join(parts)
 
 
 class ServerConnection:
@@ -193,8 +80,8 @@ class ServerConnection:
     bounded by the streams' windows instead); a stream's window is the listener's to grow,
     with `ensure_window`, as far as it can take what comes.
 
-    The ping policy: `ping_interval` and `max_ping_strikes` (0: no limit) as gRPC's; with
-    `pings_without_calls` the same interval holds while no call is open.
+    The ping policy: `ping_interval`, `max_ping_strikes` and `pings_without_calls`, as
+    http2_rate_limits.PingPolicy takes them.
     """
 
     def __init__(self, listener, *, max_concurrent_streams: int, stream_window: int,
@@ -216,30 +103,22 @@ class ServerConnection:
         self._credit = 0
         self._send_window = DEFAULT_WINDOW
         self._peer_stream_window = DEFAULT_WINDOW
-        self._max_header_list_size = max_header_list_size
-        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
-        self._decoded: dict = {}
-        self._decoding = False  # a block was decoded since the parse slice's clock was read
+        self._blocks = HeaderBlocks(max_header_list_size)
         self._buf = bytearray()
         self._preface_seen = False
         self.established = False  # the client's preface and first SETTINGS have come
-        self._continuing: tuple | None = None  # (sid, end_stream, block so far)
         self._signal_table_size = True
         self._goaway_sent = False
-        self._clock = clock
-        self._ping_interval = ping_interval
-        self._max_ping_strikes = max_ping_strikes
-        self._pings_without_calls = pings_without_calls
-        self._last_ping = -math.inf  # when the last PING came, since this side last sent
-        self._ping_strikes = 0
-        self._reset_tokens = float(RESET_BURST)
-        self._reset_time = clock()
+        self._pings = PingPolicy(ping_interval, max_ping_strikes, pings_without_calls, clock)
+        # HEADERS or DATA go out: the ping policy starts over (as gRPC's does).
+        self._sent = self._pings.sent
+        self._resets = ResetRateLimit(clock)
         self._control_frames = 0  # answers queued since data_to_send last took them
-        self._out: list = [_frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in (
+        self._out: list = [settings_frame((
             (MAX_CONCURRENT_STREAMS, max_concurrent_streams),
             (INITIAL_WINDOW_SIZE, stream_window),
             (MAX_FRAME_SIZE, max_frame_size),
-            (MAX_HEADER_LIST_SIZE, max_header_list_size))))]
+            (MAX_HEADER_LIST_SIZE, max_header_list_size)))]
         if connection_window > DEFAULT_WINDOW:
             self._out.append(_frame(WINDOW_UPDATE, 0, 0,
                                     _U32.pack(connection_window - DEFAULT_WINDOW)))
@@ -286,6 +165,7 @@ class ServerConnection:
             self._preface_seen = True
             pos = len(PREFACE)
         handlers = self._handlers
+        blocks = self._blocks
         deadline = time.perf_counter() + PARSE_SLICE_S
         frames = 0
         while end_of_data - pos >= 9:
@@ -300,7 +180,7 @@ class ServerConnection:
             sid = _U32.unpack_from(src, pos + 5)[0] & 0x7FFFFFFF
             payload = src[pos + 9:end]
             pos = end
-            if self._continuing is not None and ftype != CONTINUATION:
+            if blocks.continuing is not None and ftype != CONTINUATION:
                 raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted")
             if not self.established:
                 if ftype != SETTINGS:
@@ -310,8 +190,8 @@ class ServerConnection:
             if handler is not None:  # frames of unknown types are ignored (RFC 9113 §5.5)
                 handler(flags, sid, payload)
             frames += 1
-            if self._decoding or not frames & 31:
-                self._decoding = False
+            if blocks.decoded or not frames & 31:
+                blocks.decoded = False
                 if time.perf_counter() > deadline and end_of_data - pos >= 9:
                     return pos, False
         return pos, True
@@ -334,7 +214,7 @@ class ServerConnection:
         if size:
             self._credit_connection(size)
         if flags & PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         stream = self.streams.get(sid)
         if stream is None or not stream.remote_open:
             # A stream this side closed or reset: its late data is dropped.
@@ -358,41 +238,16 @@ class ServerConnection:
     def _on_headers(self, flags: int, sid: int, payload) -> None:
         if sid == 0 or not sid & 1:
             raise Http2Error(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        if flags & PADDED:
-            payload = _unpad(payload)
-        if flags & PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise Http2Error(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-            payload = payload[5:]
-        end_stream = bool(flags & END_STREAM)
-        self._check_block_size(len(payload))
-        if flags & END_HEADERS:
-            self._headers(sid, end_stream, bytes(payload))
-        else:
-            self._continuing = (sid, end_stream, bytearray(payload))
-
-    def _check_block_size(self, size: int) -> None:
-        """A header block longer than the header list size this side advertised is not
-        decoded (a block never decodes to fewer bytes than it has, near enough: each field
-        counts 32 more); with HPACK's table out of step, the connection ends (RFC 9113
-        §4.3)."""
-        if size > self._max_header_list_size:
-            raise Http2Error(COMPRESSION_ERROR, f"a header block longer than the "
-                                                f"{self._max_header_list_size} bytes "
-                                                f"advertised (SETTINGS_MAX_HEADER_LIST_SIZE)")
+        headers = self._blocks.first(flags, sid, payload)
+        if headers is not None:
+            self._headers(sid, bool(flags & END_STREAM), headers)
 
     def _on_continuation(self, flags: int, sid: int, payload) -> None:
-        if self._continuing is None or self._continuing[0] != sid:
-            raise Http2Error(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-        _, end_stream, block = self._continuing
-        block += payload
-        self._check_block_size(len(block))
-        if flags & END_HEADERS:
-            self._continuing = None
-            self._headers(sid, end_stream, bytes(block))
+        whole = self._blocks.more(flags, sid, payload)
+        if whole is not None:
+            self._headers(sid, whole[1], whole[0])
 
-    def _headers(self, sid: int, end_stream: bool, block: bytes) -> None:
-        headers = self._decode(block)  # always, to keep HPACK's table in step with the client
+    def _headers(self, sid: int, end_stream: bool, headers: list) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             if sid <= self.last_stream_id:
@@ -415,27 +270,6 @@ class ServerConnection:
                 del self.streams[sid]
             self.listener.on_end(sid)
 
-    def _decode(self, block: bytes) -> list:
-        headers = self._decoded.get(block)
-        if headers is not None:
-            return headers
-        _check_table_size_updates(block)
-        self._decoding = True
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
-            raise Http2Error(COMPRESSION_ERROR, f"cannot decode a header block: {exc}") from None
-        # One-byte indexed fields (every byte >= 0x80) change nothing in the table, so the
-        # same bytes decode the same way until a block that may change it comes in.
-        if block and min(block) >= 0x80:
-            if len(block) <= _DECODED_CACHE_BLOCK:
-                if len(self._decoded) >= _DECODED_CACHE_SIZE:
-                    self._decoded.clear()
-                self._decoded[block] = headers
-        elif self._decoded:
-            self._decoded.clear()
-        return headers
-
     def _on_priority(self, flags: int, sid: int, payload) -> None:
         if sid == 0:
             raise Http2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
@@ -447,19 +281,8 @@ class ServerConnection:
             raise Http2Error(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         self._check_idle(sid, "RST_STREAM")
         if self.streams.pop(sid, None) is not None or sid in self._lent:
-            self._spend_reset()
+            self._resets.spend()
             self.listener.on_reset(sid)
-
-    def _spend_reset(self) -> None:
-        """A stream this side was serving was reset: one token of the bucket (RESET_BURST,
-        filled at RESET_RATE a second)."""
-        now = self._clock()
-        tokens = min(RESET_BURST, self._reset_tokens + (now - self._reset_time) * RESET_RATE)
-        self._reset_time = now
-        if tokens < 1:
-            raise Http2Error(ENHANCE_YOUR_CALM, f"more than {RESET_BURST} streams reset at "
-                                                f"once, or {RESET_RATE:g} a second")
-        self._reset_tokens = tokens - 1
 
     def _on_settings(self, flags: int, sid: int, payload) -> None:
         if sid != 0:
@@ -468,21 +291,7 @@ class ServerConnection:
             if payload:
                 raise Http2Error(FRAME_SIZE_ERROR, "a SETTINGS ACK with a payload")
             return
-        if len(payload) % 6:
-            raise Http2Error(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
-        # Each entry is checked; only the last value of each setting is applied, once.
-        last = {}
-        for key, value in _SETTING.iter_unpack(payload):
-            if key == INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise Http2Error(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE over 2^31-1")
-            elif key == MAX_FRAME_SIZE:
-                if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
-                    raise Http2Error(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
-            elif key == ENABLE_PUSH:
-                if value > 1:
-                    raise Http2Error(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
-            last[key] = value
+        last = parse_settings(payload)
         if INITIAL_WINDOW_SIZE in last:
             # Streams' send windows follow (see _Stream.send_credit). One pushed past 2^31-1
             # is not looked for: send_window never offers more than the connection's.
@@ -506,22 +315,8 @@ class ServerConnection:
         if flags & ACK:
             self.listener.on_ping_ack(bytes(payload))
             return
-        if self._max_ping_strikes:
-            now = self._clock()
-            interval = self._ping_interval
-            if not (self.streams or self._lent or self._pings_without_calls):
-                interval = PING_INTERVAL_WITHOUT_CALLS_S
-            if now < self._last_ping + interval:
-                self._ping_strikes += 1
-                if self._ping_strikes > self._max_ping_strikes:
-                    raise Http2Error(ENHANCE_YOUR_CALM, "too_many_pings")
-            self._last_ping = now
+        self._pings.received(self.streams or self._lent)
         self._queue_control(_frame(PING, ACK, 0, bytes(payload)))
-
-    def _sent(self) -> None:
-        """HEADERS or DATA go out: the ping policy starts over (as gRPC's does)."""
-        self._last_ping = -math.inf
-        self._ping_strikes = 0
 
     def _queue_control(self, frame: bytes) -> None:
         """An answer the client's frames asked for (an ACK, a reset), bounded: a client that
@@ -580,18 +375,14 @@ class ServerConnection:
         block = encode_headers(headers)
         self._sent()
         if self._signal_table_size:
-            block = b"\x20" + block  # dynamic table size update: 0
+            block = TABLE_SIZE_ZERO + block
             self._signal_table_size = False
         flags = END_STREAM if end_stream else 0
         limit = self.max_outbound_frame_size
         if len(block) <= limit:
             self._out.append(_frame(HEADERS, flags | END_HEADERS, sid, block))
         else:
-            self._out.append(_frame(HEADERS, flags, sid, block[:limit]))
-            for start in range(limit, len(block), limit):
-                last = start + limit >= len(block)
-                self._out.append(_frame(CONTINUATION, END_HEADERS if last else 0, sid,
-                                        block[start:start + limit]))
+            self._out += header_frames(sid, flags, block, limit)
         if end_stream:
             self._close_local(sid, stream)
 
@@ -702,29 +493,3 @@ class ServerConnection:
         self._control_frames = 0
         return out
 
-
-def _check_table_size_updates(block: bytes) -> None:
-    """The table size updates a block begins with (hpack refuses them anywhere else) are
-    counted before it is decoded: a block of nothing else would cost a decode step a byte."""
-    count = 0
-    pos = 0
-    end = len(block)
-    while pos < end and block[pos] & 0xE0 == 0x20:
-        count += 1
-        if count > MAX_TABLE_SIZE_UPDATES:
-            raise Http2Error(COMPRESSION_ERROR, "a header block with more than "
-                                                f"{MAX_TABLE_SIZE_UPDATES} table size updates")
-        if block[pos] & 0x1F == 0x1F:  # the size goes on in the next bytes
-            pos += 1
-            while pos < end and block[pos] & 0x80:
-                pos += 1
-        pos += 1
-
-
-def _unpad(payload):
-    if not payload:
-        raise Http2Error(PROTOCOL_ERROR, "a padded frame without its pad length")
-    pad = payload[0]
-    if pad >= len(payload):
-        raise Http2Error(PROTOCOL_ERROR, "padding longer than the frame")
-    return payload[1:len(payload) - pad]

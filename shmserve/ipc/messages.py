@@ -2,31 +2,32 @@
 
 Each message is a named struct with a type tag; on the wire it is a msgpack array
 `[tag, field, ...]` (arrays rather than maps keep frames small and encoding cheap on the
-hot path). Tensors travel as `TensorRef`s.
+hot path). Tensors travel as `TensorRef`s, each located by its bytes (inline) or by one of the
+location structs of locations.py.
 
-The inputs of a batch travel as one block: `Execute.input_block` is either inline bytes or a
-slot `[INPUT_ARENA, offset, nbytes]` of the input arena, and an input's location is
-`[offset, nbytes]` within that block. The front lays the block out input-major (each input
-name's tensors of all requests back to back, in batch order; padding between names keeps each
-name's run aligned), so a batched model can view one input of the whole batch as one array.
-An output's location is inline bytes or a slot `[OUTPUT_ARENA, offset, nbytes]` of the output
-arena, which the worker allocates. The front created both arenas for the worker.
+The inputs of a batch travel as one block: `Execute.input_block` is either inline bytes or
+`InInputArena(offset, nbytes)`, a slot of the input arena, and an input's location is a bare
+`(offset, nbytes)` pair within that block. The front lays the block out input-major (each
+input name's tensors of all requests back to back, in batch order; padding between names keeps
+each name's run aligned), so a batched model can view one input of the whole batch as one
+array. An output's location is inline bytes or `InOutputArena(offset, nbytes)`, a slot of the
+output arena, which the worker allocates. The front created both arenas for the worker.
 
 Tensors in a client's shared-memory region (see shmserve/extensions/client_regions.py) are
-not in the block: an input's location is then `[region_id, offset, nbytes]` within the region, and a
-request's `output_regions` names the slices its outputs go to; the worker writes them there
-and answers with the location `[CLIENT_REGION, region_id, nbytes]`, metadata only. The front
-sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a region, and
-`UnmapRegion` once the region is unregistered and no request uses it.
+not in the block: an input's location is then `InRegion(region_id, offset, nbytes)`, and a
+request's `output_regions` names the slices (`InRegion`s) its outputs go to; the worker writes
+them there and answers with the location `WrittenToRegion(region_id, nbytes)`, metadata only.
+The front sends `MapSystemRegion`/`MapCudaRegion` before the first batch that uses a region,
+and `UnmapRegion` once the region is unregistered and no request uses it.
 
 A GPU instance keeps the outputs a request names in `device_outputs` (an ensemble's
 intermediates that only GPU steps read) in its device memory, when the model made them there:
-their location is `[DEVICE_MEMORY, raw_handle, device_id, offset, nbytes, keep_id]`, the CUDA
-IPC handle of the allocation they lie in. The front passes `[DEVICE_MEMORY, raw_handle,
-device_id, offset, nbytes]` on as an input of the next step, whose instance opens the handle
-for that batch only and closes it before it answers; then the front sends the producer
-`Release` with the keep ids, and it lets the arrays go. So no handle is open anywhere once the
-memory behind it may be freed.
+their location is `KeptOnDevice(raw_handle, device_id, offset, nbytes, keep_id)`, by the CUDA
+IPC handle of the allocation they lie in. The front passes `OnDevice(raw_handle, device_id,
+offset, nbytes)` on as an input of the next step, whose instance opens the handle for that
+batch only and closes it before it answers; then the front sends the producer `Release` with
+the keep ids, and it lets the arrays go. So no handle is open anywhere once the memory behind
+it may be freed.
 
 Each request also names its row of the worker's request table (see request_table.py). A
 decoupled model answers each request with any number of `StreamResponse`s, from any thread,
@@ -35,11 +36,11 @@ at any time, the last one marked final; its batch's `Result` then only ends the 
 A model's calls into the server (BLS, model control) go the other way: the worker sends a
 `ServerCall` and the front answers with `ServerReply` frames carrying the call's id. Small BLS
 tensors travel inline. A large input is written by the caller into its BLS arena (a segment
-the front created for it) and travels as `[offset, nbytes]` there, read in place by the target
-instance; the caller frees it after the call's final reply. A large output travels as
-`[region_id, offset, nbytes]` of the target's output arena, which the front has the caller map
-(`MapSystemRegion`) first: the caller copies it out and sends a "release" call with the same
-id, which gives the target's slots back.
+the front created for it) and travels as `InCallArena(offset, nbytes)`, read in place by the
+target instance; the caller frees it after the call's final reply. A large output travels as
+`InRegion(region_id, offset, nbytes)` of the target's output arena, which the front has the
+caller map (`MapSystemRegion`) first: the caller copies it out and sends a "release" call with
+the same id, which gives the target's slots back.
 
 A request may come with a prepared answer (`RequestFrame.prepared_answer`): the bytes around
 its outputs in the answer to its client, and the outputs (name, datatype, shape, size) those
@@ -64,11 +65,9 @@ those connections hold whole answers.
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-# Arena identifiers inside a slot location.
-INPUT_ARENA = 0  # written by the front, read by the worker
-OUTPUT_ARENA = 1  # written by the worker, read by the front
-CLIENT_REGION = 2  # an output the worker wrote into a client's region
-DEVICE_MEMORY = 3  # a tensor in a GPU instance's device memory
+from shmserve.ipc import locations
+from shmserve.ipc.locations import InInputArena
+
 # The most client sockets lent with one batch: what SCM_RIGHTS carries in one message (the
 # kernel's SCM_MAX_FD).
 MAX_LENT_SOCKETS = 253
@@ -83,20 +82,26 @@ class TensorRef:
     name: str
     datatype: str
     shape: list
-    # Input: (offset, nbytes) within the batch's input block, (region_id, offset, nbytes), or
-    # (DEVICE_MEMORY, raw_handle, device_id, offset, nbytes).
-    # Output: bytes (inline data), (OUTPUT_ARENA, offset, nbytes), a slot of the output arena,
-    # (CLIENT_REGION, region_id, nbytes), or (DEVICE_MEMORY, raw_handle, device_id, offset,
-    # nbytes, keep_id).
-    # None only while batch_layout.layout places a batch's inputs.
+    # Input: (offset, nbytes) within the batch's input block, InRegion or OnDevice. Output:
+    # bytes (inline data), InOutputArena, WrittenToRegion or KeptOnDevice; a BLS output: bytes
+    # or InRegion (bytes once the caller copied it out). None only while batch_layout.layout
+    # places a batch's inputs. See locations.py.
     location: Union[bytes, tuple, list, None]
 
     def to_wire(self) -> list:
         return [self.name, self.datatype, self.shape, self.location]
 
     @staticmethod
-    def from_wire(w: list) -> "TensorRef":
-        return TensorRef(w[0], w[1], w[2], w[3])
+    def input_from_wire(w: list) -> "TensorRef":
+        if len(w[3]) > 2:  # not an (offset, nbytes) pair within the block
+            w[3] = locations.from_wire(w[3])
+        return TensorRef(*w)
+
+    @staticmethod
+    def output_from_wire(w: list) -> "TensorRef":
+        if type(w[3]) is list:  # not inline bytes
+            w[3] = locations.from_wire(w[3])
+        return TensorRef(*w)
 
 
 @dataclass(slots=True)
@@ -190,7 +195,7 @@ class RequestFrame:
     inputs: list  # of TensorRef
     requested_outputs: list  # of str
     row: int  # in the worker's request table
-    # Output name -> (region_id, offset, nbytes): outputs the client wants in its own memory.
+    # Output name -> InRegion: outputs the client wants in its own memory.
     output_regions: dict = field(default_factory=dict)
     # A sequence model's request: the batch slot of its sequence on this instance (-1 for a
     # model without sequence batching), and whether the slot holds a request at all (a
@@ -217,15 +222,20 @@ class RequestFrame:
 
     @staticmethod
     def from_wire(w: list) -> "RequestFrame":
-        return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.from_wire(t) for t in w[4]], w[5],
-                            w[6], w[7], w[8], w[9], w[10], w[11], w[12], w[13], w[14])
+        output_regions = w[7]
+        if output_regions:
+            output_regions = {name: locations.from_wire(slice_)
+                              for name, slice_ in output_regions.items()}
+        return RequestFrame(w[0], w[1], w[2], w[3], [TensorRef.input_from_wire(t) for t in w[4]],
+                            w[5], w[6], output_regions, w[8], w[9], w[10], w[11], w[12], w[13],
+                            w[14])
 
 
 @dataclass(slots=True)
 class Execute:
     batch_id: int
-    # The bytes of every input of the batch: inline bytes or (INPUT_ARENA, offset, nbytes).
-    input_block: Union[bytes, memoryview, tuple, list]
+    # The bytes of every input of the batch: inline, or where they lie in the input arena.
+    input_block: Union[bytes, memoryview, InInputArena]
     requests: list  # of RequestFrame
     # Its one request came while the front had no other in flight: the worker polls for that
     # client's next request under a lower threshold (see ipc/idle_spin.py).
@@ -237,7 +247,10 @@ class Execute:
 
     @staticmethod
     def from_wire(w: list) -> "Execute":
-        return Execute(w[1], w[2], [RequestFrame.from_wire(r) for r in w[3]], w[4])
+        block = w[2]
+        if type(block) is list:
+            block = locations.from_wire(block)
+        return Execute(w[1], block, [RequestFrame.from_wire(r) for r in w[3]], w[4])
 
 
 @dataclass(slots=True)
@@ -256,7 +269,7 @@ class ResponseFrame:
 
     @staticmethod
     def from_wire(w: list) -> "ResponseFrame":
-        return ResponseFrame(w[0], [TensorRef.from_wire(t) for t in w[1]], w[2], w[3], w[4])
+        return ResponseFrame(w[0], [TensorRef.output_from_wire(t) for t in w[1]], w[2], w[3], w[4])
 
 
 @dataclass(slots=True)

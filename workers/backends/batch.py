@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from shmserve.ipc import datatypes
+from shmserve.ipc.locations import InRegion
 from workers import cuda
 
 
@@ -25,8 +26,8 @@ class Input:
     # Wire bytes: little-endian; BYTES length-prefixed; BF16 raw. A cupy uint8 array when the
     # input is a view of a client's CUDA region.
     buffer: memoryview | bytes
-    # [region_id, offset, nbytes] when `buffer` is a view of a system shared-memory region.
-    origin: list | None = None
+    # Where it lies when `buffer` is a view of a system shared-memory region.
+    origin: InRegion | None = None
 
 
 def _never_cancelled() -> bool:

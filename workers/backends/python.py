@@ -1,129 +1,36 @@
 """The Python backend: a Triton Python-backend model (`<version>/model.py`, class
 `TritonPythonModel`) run on batches of requests; knows no IPC.
 
-The model is imported as Triton's Python backend imports it, with our `pb_utils` in its place.
-Its requests' inputs are pb_utils tensors over the batch's wire bytes (zero-copy views except
-for BYTES), so `pb_utils.batched_input` can hand a model the whole batch as one array.
+The model is imported as Triton's Python backend imports it, with our `pb_utils` in its place
+(python_import.py). Its requests' inputs are pb_utils tensors over the batch's wire bytes
+(zero-copy views except for BYTES), so `pb_utils.batched_input` can hand a model the whole
+batch as one array; its responses come back through the requests' senders
+(python_responses.py). Its coroutines run on the instance's own event loop
+(python_event_loop.py), and its failures are worded as Triton words them (python_errors.py).
 """
 
-import asyncio
 import functools
-import gc
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import json
 import logging
 import os
-import sys
-import threading
 import time
-import weakref
 
 import numpy as np
 
 from workers import cuda
 from workers import triton_python_backend_utils as pb_utils
 from workers.backends import AutoCompleteContext, BackendError, Context
-from workers.backends.batch import (Input, Output, Request, Response, Timings, error_response,
-                                    input_array)
+from workers.backends.batch import Input, Request, Response, Timings, error_response, input_array
+from workers.backends.python_errors import ContractError, describe
+from workers.backends.python_event_loop import ModelEventLoop
+from workers.backends.python_import import import_backend_model, import_model
+from workers.backends.python_responses import (SentResponse, StreamedResponses,
+                                               await_late_answers, detached, reschedules,
+                                               runner_response)
 from workers.sequence_extras import SequenceConfigError, SequenceExtras
 
 _log = logging.getLogger(__name__)
-
-
-class _ContractError(Exception):
-    """The model broke the execute() contract; reported, as in Triton, without an exception type."""
-
-
-# How often a batch whose model answers after execute returned looks whether the model
-# still holds the requests it waits for.
-_LATE_ANSWER_POLL_S = 0.05
-# How often it collects garbage meanwhile (a cycle may hold a request nothing else does), and
-# how often it logs the request it waits for.
-_LATE_ANSWER_COLLECT_S = 5.0
-_LATE_ANSWER_WARN_S = 30.0
-
-
-class _RequestFacts:
-    """What answering a request needs of it, without holding the request (or its sender)."""
-
-    __slots__ = ("_requested_output_names", "_release_flags", "_id")
-
-    def __init__(self, pb_request):
-        self._requested_output_names = pb_request._requested_output_names
-        self._release_flags = pb_request._release_flags
-        self._id = pb_request.request_id()
-
-    def request_id(self) -> str:
-        return self._id
-
-
-class _SentResponse:
-    """Response-sender callback of a non-decoupled model: exactly one response, then FINAL."""
-
-    __slots__ = ("response", "final", "_done")
-
-    def __init__(self):
-        self.response = None
-        self.final = False
-        self._done = None  # a threading.Event, once someone waits for FINAL
-
-    def wait_final(self, timeout: float) -> bool:
-        if self._done is None:
-            self._done = threading.Event()
-            if self.final:
-                return True
-        return self._done.wait(timeout)
-
-    def __call__(self, response, flags):
-        if response is not None and self.response is not None:
-            raise pb_utils.TritonModelException(
-                "Unable to send response. Non-decoupled model cannot send more than one response."
-            )
-        if response is None and self.response is None:
-            raise pb_utils.TritonModelException(
-                "Unable to send response. Non-decoupled model cannot send complete final before "
-                "sending a response."
-            )
-        if response is not None:
-            self.response = response
-        if flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            self.final = True
-            if self._done is not None:
-                self._done.set()
-
-
-class _StreamedResponses:
-    """Response-sender callback of a decoupled model: each response goes out as it is sent.
-    A sequence model's responses update the state of the request's slot as they go."""
-
-    __slots__ = ("_request", "_requested", "_sequence", "final")
-
-    def __init__(self, request: Request, sequence: SequenceExtras | None):
-        self._request = request
-        self._requested = set(request.requested_output_names)
-        self._sequence = sequence
-        self.final = False
-
-    def __call__(self, response, flags):
-        final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if response is not None:
-            response = _runner_response(response, self._requested, self._sequence,
-                                        self._request)
-        self._send(response, final)
-
-    def end_with(self, response: Response) -> None:
-        self._send(response, True)
-
-    def _send(self, response, final: bool) -> None:
-        if final:
-            self.final = True
-            if self._sequence is not None:
-                request = self._request
-                self._sequence.end(request.sequence_slot, request.flags, request.ready)
-        self._request.respond(response, final)
 
 
 class PythonModel:
@@ -140,8 +47,7 @@ class PythonModel:
         self._model_repository = context.model_repository
         self._runtime_dir = context.runtime_dir
         self._model = None
-        self._loop = None  # the instance's event loop (_event_loop), once a coroutine needs it
-        self._loop_thread = None
+        self._loop = ModelEventLoop()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         try:
             self._sequence = SequenceExtras.from_config(config, context.model_dir,
@@ -182,7 +88,7 @@ class PythonModel:
             module = load()
         except Exception as exc:
             _log.exception("importing '%s' failed", path)
-            raise BackendError(_describe(exc)) from exc
+            raise BackendError(describe(exc)) from exc
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
             raise BackendError(f"AttributeError: module '{module.__name__}' has no attribute "
@@ -190,11 +96,11 @@ class PythonModel:
         try:
             self._model = model_class()
             if hasattr(self._model, "initialize"):
-                self._complete(self._model.initialize(self._initialize_args()))
+                self._loop.complete(self._model.initialize(self._initialize_args()))
             pb_utils._allow_bls(True)
         except Exception as exc:
             _log.exception("initialize failed for model instance '%s'", self._instance_name)
-            raise BackendError(_describe(exc)) from exc
+            raise BackendError(describe(exc)) from exc
 
     def _initialize_args(self) -> dict:
         return {
@@ -215,7 +121,7 @@ class PythonModel:
         """The model's own is_ready() (sync or async); an exception or an answer that is not
         a boolean means not ready."""
         try:
-            answer = self._complete(self._model.is_ready())
+            answer = self._loop.complete(self._model.is_ready())
         except Exception:
             _log.exception("is_ready() failed for model instance '%s'", self._instance_name)
             return False
@@ -225,36 +131,14 @@ class PythonModel:
         pb_utils._allow_bls(False)
         try:
             if self._model is not None and hasattr(self._model, "finalize"):
-                self._complete(self._model.finalize())
+                self._loop.complete(self._model.finalize())
         except Exception as exc:
             raise BackendError(
-                f"Failed to finalize model instance '{self._instance_name}': {_describe(exc)}"
+                f"Failed to finalize model instance '{self._instance_name}': {describe(exc)}"
             ) from exc
         finally:
             self._model = None
-            self._stop_loop()
-
-    # --- coroutines --------------------------------------------------------------------------
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        """The instance's event loop, running in a thread of its own from the first coroutine
-        on, as Triton's stub runs it: a model's coroutines, and the tasks they start, run
-        there, between calls too (and it is the worker's current event loop)."""
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop_thread = threading.Thread(target=loop.run_forever, daemon=True,
-                                                 name="model-event-loop")
-            self._loop_thread.start()
-            self._loop = loop
-        return self._loop
-
-    def _complete(self, result):
-        """The value of `result`: a coroutine runs to completion on the instance's event
-        loop, waited for here."""
-        if not inspect.iscoroutine(result):
-            return result
-        return asyncio.run_coroutine_threadsafe(result, self._event_loop()).result()
+            self._loop.stop()
 
     def _in_background(self, coroutine, batch: list) -> None:
         """A decoupled model's coroutine runs on, as in Triton: the instance takes its next
@@ -268,17 +152,9 @@ class PythonModel:
                        exc_info=exc)
             for _, pb_request, sent in batch:
                 if pb_request._sender._close():
-                    sent.end_with(self._internal_error(_describe(exc)))
+                    sent.end_with(self._internal_error(describe(exc)))
 
-        asyncio.run_coroutine_threadsafe(coroutine, self._event_loop()).add_done_callback(done)
-
-    def _stop_loop(self):
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join(5)
-            if not self._loop.is_running():
-                self._loop.close()
-            self._loop = None
+        self._loop.start(coroutine).add_done_callback(done)
 
     # --- execute -----------------------------------------------------------------------------
 
@@ -302,9 +178,9 @@ class PythonModel:
                 results[index] = error_response("INVALID_ARG", str(exc))
                 continue
             if self.decoupled:
-                sent = _StreamedResponses(request, sequence)
+                sent = StreamedResponses(request, sequence)
             else:
-                sent = _SentResponse()
+                sent = SentResponse()
             pb_request = pb_utils.InferenceRequest._incoming(
                 model_name=self._model_name,
                 request_id=request.request_id,
@@ -326,17 +202,17 @@ class PythonModel:
         if pb_requests:
             try:
                 self._run_model(pb_requests, batch)
-            except _ContractError as exc:
+            except ContractError as exc:
                 failure = str(exc)
             except Exception as exc:
                 _log.exception("execute failed for model instance '%s'", self._instance_name)
-                failure = _describe(exc)
+                failure = describe(exc)
         infer_done = time.perf_counter_ns()
 
         if self.decoupled:
             for index, request in enumerate(requests):
                 if results[index] is not None:  # its inputs were unreadable
-                    _StreamedResponses(request, sequence).end_with(results[index])
+                    StreamedResponses(request, sequence).end_with(results[index])
             if failure is not None:
                 # Requests still open end with the error; the others were answered in full.
                 for _, pb_request, sent in batch:
@@ -344,7 +220,7 @@ class PythonModel:
                         sent.end_with(self._internal_error(failure))
             elif self.iterative:
                 for index, pb_request, sent in batch:
-                    if self._reschedules(pb_request) and not sent.final:
+                    if reschedules(pb_request) and not sent.final:
                         requests[index].rescheduled = True
             return [], Timings(inputs_done - start, infer_done - inputs_done, 0, start)
 
@@ -353,8 +229,8 @@ class PythonModel:
                 pb_request._sender._close()
         else:
             pb_requests = pb_request = None  # so that only the model may hold them now
-            batch, senders = self._detached(batch)
-            self._await_late_answers(batch, senders)
+            batch, senders = detached(batch, self.iterative)
+            await_late_answers(batch, senders, self._instance_name)
         for index, pb_request, sent in batch:
             request = requests[index]
             if failure is not None and sent.response is None:
@@ -364,9 +240,9 @@ class PythonModel:
                 # returned after it): Triton has delivered it, and only logs the failure.
                 _log.error("model instance '%s' failed after answering request '%s': %s",
                            self._instance_name, request.request_id, failure)
-                results[index] = _runner_response(sent.response, pb_request._requested_output_names,
-                                                  self._sequence, request)
-            elif sent.response is None and self.iterative and self._reschedules(pb_request):
+                results[index] = runner_response(sent.response, pb_request._requested_output_names,
+                                                 self._sequence, request)
+            elif sent.response is None and self.iterative and reschedules(pb_request):
                 request.rescheduled = True
                 results[index] = Response([], None, {})
             else:
@@ -379,48 +255,9 @@ class PythonModel:
         return results, Timings(inputs_done - start, infer_done - inputs_done, done - infer_done,
                                 start)
 
-    def _detached(self, batch: list) -> tuple[list, dict]:
-        """The batch with each request replaced by what answering it needs, and a weak
-        reference to the sender of each request not yet answered in full (by position)."""
-        senders = {position: weakref.ref(pb_request._sender)
-                   for position, (_, pb_request, sent) in enumerate(batch)
-                   if not sent.final and not (self.iterative and self._reschedules(pb_request))}
-        if not senders:
-            return batch, senders
-        return [(index, _RequestFacts(pb_request), sent)
-                for index, pb_request, sent in batch], senders
-
-    def _await_late_answers(self, batch: list, senders: dict) -> None:
-        """Returns once every request the model still holds is answered in full.
-
-        Triton lets a model that is not decoupled return None for a request and send its
-        response (or the FINAL flag) later, from another thread or task; the batch's Result
-        waits for those. A request nothing refers to any more (its sender gone) can never
-        be answered, and is not waited for: it fails as unanswered."""
-        collected = started = time.monotonic()
-        warned = 0.0
-        for position, sender in senders.items():
-            sent = batch[position][2]
-            while not sent.wait_final(_LATE_ANSWER_POLL_S):
-                if sender() is None:
-                    break
-                now = time.monotonic()
-                if now - collected >= _LATE_ANSWER_COLLECT_S or collected == started:
-                    gc.collect()  # a cycle may be all that holds it
-                    collected = now
-                if now - started >= warned + _LATE_ANSWER_WARN_S:
-                    warned = now - started
-                    _log.warning("model instance '%s' holds request '%s' unanswered %.0f s "
-                                 "after execute returned; it takes no other batch meanwhile",
-                                 self._instance_name, batch[position][1].request_id(), warned)
-
-    @staticmethod
-    def _reschedules(pb_request) -> bool:
-        return bool(pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-
     def _run_model(self, pb_requests, batch: list):
         if not hasattr(self._model, "execute"):
-            raise _ContractError(
+            raise ContractError(
                 f"Python model '{self._model_name}' does not implement `execute` method."
             )
         returned = self._model.execute(pb_requests)
@@ -428,20 +265,20 @@ class PythonModel:
             if self.decoupled:
                 self._in_background(returned, batch)
                 return
-            returned = self._complete(returned)
+            returned = self._loop.complete(returned)
         if returned is None:
             return  # every request must have been answered through its response sender
         if self.decoupled:
-            raise _ContractError(
+            raise ContractError(
                 f"Python model '{self._instance_name}' is using the decoupled mode and the "
                 "execute function must return None."
             )
         if not isinstance(returned, list):
-            raise _ContractError(
+            raise ContractError(
                 f"Expected a list in the execute return, found type '{type(returned)}'."
             )
         if len(returned) != len(pb_requests):
-            raise _ContractError(
+            raise ContractError(
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(pb_requests)}, and "
                 f"InferenceResponse(s) size is:{len(returned)}\n"
@@ -450,12 +287,12 @@ class PythonModel:
             if response is None:
                 continue
             if pb_request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                raise _ContractError(  # "reschduled": Triton's spelling, which its tests match
+                raise ContractError(  # "reschduled": Triton's spelling, which its tests match
                     "Expected a None object in the execute function return list for "
                     f"reschduled request, found type '{type(response)}'."
                 )
             if not isinstance(response, pb_utils.InferenceResponse):
-                raise _ContractError(
+                raise ContractError(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     f"list, found type '{type(response)}'."
                 )
@@ -463,10 +300,10 @@ class PythonModel:
             # sender rejects it when the model already answered through the sender.
             pb_request._sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _collect(self, request: Request, pb_request, sent: _SentResponse
+    def _collect(self, request: Request, pb_request, sent: SentResponse
                  ) -> Response:
         if sent.response is None:
-            if self._reschedules(pb_request):
+            if reschedules(pb_request):
                 # Triton's core refuses the release (its text); the request, which Triton
                 # then leaves unanswered, ends with that error here.
                 return error_response(
@@ -482,8 +319,8 @@ class PythonModel:
                 f"the response for request '{pb_request.request_id()}' was sent without "
                 "TRITONSERVER_RESPONSE_COMPLETE_FINAL"
             )
-        return _runner_response(sent.response, pb_request._requested_output_names,
-                                self._sequence, request)
+        return runner_response(sent.response, pb_request._requested_output_names,
+                               self._sequence, request)
 
     def _internal_error(self, message: str) -> Response:
         return error_response(
@@ -532,76 +369,6 @@ def auto_complete(context: AutoCompleteContext) -> dict:
     return completed.as_dict()
 
 
-def import_model(model_dir: str, version: str, stem: str, instance_name: str = ""):
-    """The module `<model_dir>/<version>/<stem>.py`, imported as Triton's Python backend
-    imports it: our pb_utils as `triton_python_backend_utils`, the version folder and the
-    model folder on sys.path."""
-    version_dir = os.path.join(model_dir, version)
-    pb_utils._set_model_context(model_dir=version_dir, instance_name=instance_name)
-    sys.modules["triton_python_backend_utils"] = pb_utils
-    for entry in (version_dir, model_dir):
-        if entry not in sys.path:
-            sys.path.append(entry)
-    return _import_model_module(version_dir, version, stem)
-
-
-def import_backend_model(runtime_dir: str, model_dir: str, version: str,
-                         instance_name: str = ""):
-    """The model.py of a Python-based backend, imported as Triton's stub imports it: as module
-    `model`, its folder on sys.path; pb_utils.get_model_dir() is still the model's version
-    folder."""
-    pb_utils._set_model_context(model_dir=os.path.join(model_dir, version),
-                                instance_name=instance_name)
-    sys.modules["triton_python_backend_utils"] = pb_utils
-    if runtime_dir not in sys.path:
-        sys.path.append(runtime_dir)
-    sys.modules.pop("model", None)
-    __import__("model")
-    return sys.modules["model"]
-
-
-def _import_model_module(version_dir: str, version: str, stem: str):
-    # Triton imports "<version>.<stem>" with the model folder on sys.path, which makes the
-    # version folder a namespace package (model.py may use relative imports). Registering the
-    # package ourselves pins it to this model's folder whatever else sys.path holds, and a fresh
-    # package per load keeps an earlier model loaded in this process from shadowing this one.
-    for name in [n for n in sys.modules if n == version or n.startswith(version + ".")]:
-        del sys.modules[name]
-    spec = importlib.machinery.ModuleSpec(version, None, is_package=True)
-    spec.submodule_search_locations = [version_dir]
-    sys.modules[version] = importlib.util.module_from_spec(spec)
-    # The import statement's way in, not importlib.import_module: the interpreter then trims
-    # its own frames off a failed import's traceback, as in Triton's stub.
-    __import__(f"{version}.{stem}")
-    return sys.modules[f"{version}.{stem}"]
-
-
-def _describe(exc: BaseException) -> str:
-    """As Triton's Python backend (pybind11) words an exception from the model: its type and
-    message, then the stack where it was raised, innermost first ("  file(line): function"),
-    up to the code that called into the model."""
-    # Innermost, the last frame that is not ours: pb_utils raising for a misuse is C++ in
-    # Triton, with no frame of its own.
-    frame, lineno = None, 0
-    tb = exc.__traceback__
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_OWN_CODE):
-            frame, lineno = tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
-    lines = []
-    while frame is not None and not frame.f_code.co_filename.startswith(_OWN_CODE):
-        lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
-        frame = frame.f_back
-        lineno = frame.f_lineno if frame is not None else 0
-    where = "".join(lines)
-    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
-
-
-# Frames of the worker and of asyncio (which runs an async execute) are not the model's.
-_OWN_CODE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-             os.path.dirname(asyncio.__file__) + os.sep)
-
-
 def _input_tensor(tensor: Input, request: Request, model_name: str) -> pb_utils.Tensor:
     """A pb_utils.Tensor over the wire bytes: a zero-copy view except for BYTES."""
     array = input_array(tensor, request.request_id, model_name)
@@ -609,22 +376,3 @@ def _input_tensor(tensor: Input, request: Request, model_name: str) -> pb_utils.
         return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype, cuda.device_id(array))
     return pb_utils.Tensor._wrap(tensor.name, array, tensor.datatype, origin=tensor.origin)
 
-
-def _runner_response(response: pb_utils.InferenceResponse, requested: set,
-                     sequence: SequenceExtras | None, request: Request) -> Response:
-    if response.has_error():
-        error = response.error()
-        return Response([], (error.code().name, error.message()), response._parameters,
-                              answered=True)
-    if sequence is not None:
-        # Before the outputs the client did not ask for go: a state output usually is one.
-        error = sequence.capture(request.sequence_slot, request.ready, response)
-        if error is not None:
-            return error_response("INTERNAL", error)
-    outputs = []
-    for tensor in response.output_tensors():
-        if tensor._name not in requested:
-            continue
-        array = tensor._array
-        outputs.append(Output(tensor._name, tensor._datatype, list(array.shape), array))
-    return Response(outputs, None, response._parameters)

@@ -17,6 +17,6 @@ log          Logger
 metrics      MetricFamily and Metric
 model_config configuration lookups and ModelConfig (auto_complete_config)
 
-The Python backend (workers/backends/python.py) is the backend side of these classes and reads
-their underscore attributes directly.
+The Python backend (workers/backends/python.py and the python_*.py modules beside it) is the
+backend side of these classes and reads their underscore attributes directly.
 """

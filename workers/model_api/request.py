@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from shmserve.ipc import datatypes
+from shmserve.ipc.locations import InCallArena
 from workers import cuda
 from workers.backends.batch import batch_view
 from workers.model_api.bls import _bls_response, _ResponseIterator
@@ -234,11 +235,11 @@ class InferenceRequest:
                         offset = arena.put(np.frombuffer(data, np.uint8))
                         if offset is not None:
                             blocks.append(offset)
-                            data = [offset, len(data)]
+                            data = InCallArena(offset, len(data))
                 elif arena is not None and array.nbytes > arena.threshold \
                         and (offset := arena.put(array)) is not None:
                     blocks.append(offset)
-                    data = [offset, array.nbytes]
+                    data = InCallArena(offset, array.nbytes)
                 else:
                     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
                 inputs.append([tensor._name, tensor._datatype, list(array.shape), data])

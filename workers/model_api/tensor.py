@@ -4,6 +4,7 @@ import, BF16 included."""
 import numpy as np
 
 from shmserve.ipc import datatypes
+from shmserve.ipc.locations import InRegion
 from workers import cuda, dlpack
 from workers.model_api.dtypes import _TYPE_NUMBERS
 from workers.model_api.errors import TritonModelException
@@ -37,8 +38,8 @@ def _datatype_of(dtype: np.dtype) -> str:
 
 
 class Tensor:
-    # _origin: [region_id, offset, nbytes] of a request's input that is a view of a shared-
-    # memory region, so that a BLS call can pass it on by reference; None otherwise.
+    # _origin: the InRegion of a request's input that is a view of a shared-memory region, so
+    # that a BLS call can pass it on by reference; None otherwise.
     __slots__ = ("_name", "_array", "_datatype", "_device_id", "_origin")
 
     def __init__(self, name, numpy_array):
@@ -62,7 +63,7 @@ class Tensor:
 
     @classmethod
     def _wrap(cls, name: str, array, datatype: str, device_id: int | None = None,
-              origin: list | None = None) -> "Tensor":
+              origin: InRegion | None = None) -> "Tensor":
         """A tensor over an array already in wire layout (no checks, no copy): the backend's path."""
         tensor = cls.__new__(cls)
         tensor._name = name

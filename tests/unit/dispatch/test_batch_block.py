@@ -12,6 +12,7 @@ from shmserve.dispatch import batch_layout, instance_memory
 from shmserve.dispatch.work_types import DeviceTensor, WorkInput, WorkRequest
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.ipc import datatypes, messages
+from shmserve.ipc.locations import KeptOnDevice, OnDevice
 
 CONFIG = {
     "name": "block",
@@ -131,7 +132,7 @@ def test_a_tensor_on_another_instances_gpu_travels_by_handle_not_in_the_block():
                          device_outputs=("OUT",))]
     (frame,), pieces, size = batch_layout.layout(batch, [0])
     assert b"".join(pieces) == b"bbb" and size == 3
-    assert frame.inputs[0].location == (messages.DEVICE_MEMORY, b"h" * 64, 1, 512, 4096)
+    assert frame.inputs[0].location == OnDevice(b"h" * 64, 1, 512, 4096)
     assert frame.device_outputs == ("OUT",)
 
 
@@ -143,8 +144,7 @@ def test_an_output_kept_on_the_gpu_is_released_with_the_arena_slots():
     handle._channel = type("Channel", (), {"send": staticmethod(sent.append)})()
     handle.alive = True
     response = handle._batches.response(messages.ResponseFrame(None, [
-        messages.TensorRef("MID", "FP32", [1024], [messages.DEVICE_MEMORY, b"h" * 64, 0, 256,
-                                                   4096, 7]),
+        messages.TensorRef("MID", "FP32", [1024], KeptOnDevice(b"h" * 64, 0, 256, 4096, 7)),
         messages.TensorRef("SMALL", "INT8", [2], b"xy")]))
     mid, small = response.outputs
     assert mid.device == DeviceTensor(b"h" * 64, 0, 256, 4096) and mid.data == b""

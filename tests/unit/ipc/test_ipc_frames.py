@@ -5,15 +5,17 @@ import threading
 
 import pytest
 
-from shmserve.ipc import codec, messages
+from shmserve.ipc import codec, locations, messages
 from shmserve.ipc.channel import SyncChannel
+from shmserve.ipc.locations import (InCallArena, InInputArena, InOutputArena, InRegion,
+                                    KeptOnDevice, OnDevice, WrittenToRegion)
 
 SAMPLES = [
     messages.Init("m", 1, "/repo/m", "/repo", {"name": "m", "max_batch_size": 8}, "m_0", "CPU", 0,
                   "/shmserve.1.a", "/shmserve.1.b", "/shmserve.1.c", 65536),
     messages.Ready(""),
     messages.Ready("ImportError: no module"),
-    messages.Execute(7, [messages.INPUT_ARENA, 4096, (1 << 20) + 64], [
+    messages.Execute(7, InInputArena(4096, (1 << 20) + 64), [
         messages.RequestFrame("id-1", 42, 3, {"k": "v", "n": 1, "b": True, "f": 0.5},
                               [messages.TensorRef("IN", "FP32", [1, 4], [0, 16]),
                                messages.TensorRef("BIG", "UINT8", [1, 1 << 20], [64, 1 << 20])],
@@ -41,6 +43,18 @@ SAMPLES = [
     messages.Release([], [3, 4]),
     messages.Shutdown(),
     messages.Bye(),
+    # Every kind of location, where it travels.
+    messages.Execute(12, b"", [messages.RequestFrame(
+        "r", 0, 0, {}, [messages.TensorRef("IN", "FP32", [4], [0, 16]),
+                        messages.TensorRef("SHM", "FP32", [4], InRegion(3, 128, 16)),
+                        messages.TensorRef("GPU", "FP32", [4], OnDevice(b"h" * 64, 1, 256, 16))],
+        ["OUT", "MID"], 5, output_regions={"OUT": InRegion(3, 512, 64)})]),
+    messages.Result(12, [messages.ResponseFrame(None, [
+        messages.TensorRef("OUT", "FP32", [4], WrittenToRegion(3, 16)),
+        messages.TensorRef("MID", "FP32", [4], KeptOnDevice(b"h" * 64, 1, 0, 16, 9)),
+        messages.TensorRef("BIG", "FP32", [1 << 16], InOutputArena(4096, 1 << 18))])]),
+    messages.ServerReply(2, True, messages.ResponseFrame(None, [
+        messages.TensorRef("OUT", "FP32", [1 << 16], InRegion(4, 0, 1 << 18))])),
 ]
 
 
@@ -83,6 +97,28 @@ def test_byte_at_a_time():
     for i in range(len(stream)):
         bodies += splitter.feed(stream[i:i + 1])
     assert [codec.decode_body(b) for b in bodies] == [SAMPLES[3]]
+
+
+def test_every_location_arrives_as_its_own_struct():
+    execute, result, reply = (codec.decode_body(codec.encode(m)[1]) for m in SAMPLES[-3:])
+    request = execute.requests[0]
+    # An input within the block stays an (offset, nbytes) pair.
+    assert [type(t.location) for t in request.inputs] == [list, InRegion, OnDevice]
+    assert type(request.output_regions["OUT"]) is InRegion
+    assert [type(t.location) for t in result.responses[0].outputs] == [
+        WrittenToRegion, KeptOnDevice, InOutputArena]
+    assert type(reply.response.outputs[0].location) is InRegion
+    block = codec.decode_body(codec.encode(SAMPLES[3])[1]).input_block
+    assert type(block) is InInputArena and (block.offset, block.nbytes) == (4096, (1 << 20) + 64)
+    # A BLS call's arguments carry InCallArena inputs as arrays, which the front checks.
+    assert locations.checked(list(InCallArena(64, 8))) == InCallArena(64, 8)
+
+
+@pytest.mark.parametrize("array", [[], [1, 2], [1, 2, 99], [1, 2, 3, locations.IN_CALL_ARENA],
+                                   "xy", {"a": 1}])
+def test_a_malformed_location_from_a_call_is_refused(array):
+    with pytest.raises(ValueError, match="not a tensor location"):
+        locations.checked(array)
 
 
 def test_unknown_tag_is_an_error():

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from shmserve.ipc import messages
+from shmserve.ipc.locations import KeptOnDevice, OnDevice
 from workers import cuda
 from workers.device_tensors import DeviceInputs, KeptOutputs
 from workers.regions import ClientRegions
@@ -93,20 +93,20 @@ def test_a_kept_output_is_described_by_its_allocations_handle_until_released(dri
     kept = KeptOutputs()
     first = kept.keep(_with_device(driver.array_at(0x1000, 16, 8)))
     second = kept.keep(_with_device(driver.array_at(0x1000, 32, 4)))
-    assert first[:5] == [messages.DEVICE_MEMORY, b"mine", 0, 16, 8]
-    assert second[:5] == [messages.DEVICE_MEMORY, b"mine", 0, 32, 4]
-    assert first[5] != second[5] and len(kept) == 2
-    kept.release([first[5]])
+    assert first == KeptOnDevice(b"mine", 0, 16, 8, first.keep_id)
+    assert second == KeptOnDevice(b"mine", 0, 32, 4, second.keep_id)
+    assert first.keep_id != second.keep_id and len(kept) == 2
+    kept.release([first.keep_id])
     assert len(kept) == 1 and b"mine" in kept.exported
-    kept.release([second[5], second[5], 12345])  # twice, and unknown: no harm
+    kept.release([second.keep_id, second.keep_id, 12345])  # twice, and unknown: no harm
     assert len(kept) == 0 and kept.exported == {}
 
 
 def test_a_reader_opens_another_instances_handle_for_one_batch(driver):
     inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=True))
-    view = inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 4, 3], "UINT8")
+    view = inputs.input(OnDevice(b"theirs", 0, 4, 3), "UINT8")
     assert isinstance(view, DeviceArray) and bytes(view) == bytes([104, 105, 106])
-    inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 0, 1], "UINT8")
+    inputs.input(OnDevice(b"theirs", 0, 0, 1), "UINT8")
     # Opening one handle twice counts twice in CUDA: both are closed.
     assert driver.opened == [b"theirs", b"theirs"] and driver.closed == []
     inputs.close()
@@ -117,7 +117,7 @@ def test_a_reader_opens_another_instances_handle_for_one_batch(driver):
 
 def test_a_model_that_takes_host_inputs_gets_a_host_copy(driver):
     inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=False))
-    view = inputs.input([messages.DEVICE_MEMORY, b"theirs", 0, 0, 2], "UINT8")
+    view = inputs.input(OnDevice(b"theirs", 0, 0, 2), "UINT8")
     assert isinstance(view, memoryview) and bytes(view) == bytes([100, 101])
     inputs.close()
     assert driver.closed == [0x9000]
@@ -127,7 +127,9 @@ def test_a_tensor_this_instance_kept_is_read_without_opening_its_handle(driver):
     kept = KeptOutputs()
     location = kept.keep(_with_device(driver.array_at(0x1000, 8, 4)))
     inputs = DeviceInputs(kept, ClientRegions(gpu_inputs=True))
-    assert bytes(inputs.input(location[:5], "UINT8")) == bytes([8, 9, 10, 11])
+    as_input = OnDevice(location.raw_handle, location.device_id, location.offset,
+                        location.nbytes)
+    assert bytes(inputs.input(as_input, "UINT8")) == bytes([8, 9, 10, 11])
     inputs.close()
     assert driver.opened == [] and driver.closed == []
 
@@ -136,6 +138,6 @@ def test_a_handle_that_cannot_be_opened_is_a_clear_error(driver):
     inputs = DeviceInputs(KeptOutputs(), ClientRegions(gpu_inputs=True))
     with pytest.raises(ValueError, match="another instance's output cannot be opened: "
                                          "cudaErrorInvalidResourceHandle"):
-        inputs.input([messages.DEVICE_MEMORY, b"gone", 0, 0, 4], "FP32")
+        inputs.input(OnDevice(b"gone", 0, 0, 4), "FP32")
     inputs.close()
     assert driver.closed == []

@@ -15,6 +15,7 @@ from shmserve.fastpath.prepared_answers import AnswerLayout
 from shmserve.http.codec import prepared_answer
 from shmserve.inference import InferResponse, OutputTensor
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InRegion
 from workers.prepared_answers import LentSockets, take_answers, write_answers
 from workers.backends.batch import Output, Response
 
@@ -120,7 +121,7 @@ def test_an_output_too_large_to_travel_inline_is_left_to_the_front(client):
 def test_a_request_with_output_regions_is_left_to_the_front(client):
     theirs, fd = client
     request = _request()
-    request.output_regions = {"OUT": (1, 0, 8)}
+    request.output_regions = {"OUT": InRegion(1, 0, 8)}
     assert take_answers([_model_response()], [request], [fd], set(), INLINE) == []
     assert _read_all(theirs) == b""
 

@@ -16,8 +16,9 @@ import pytest
 from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.dispatch.worker import WorkerHandle
 from shmserve.inference import InferResponse, OutputTensor
-from shmserve.ipc import codec, messages
+from shmserve.ipc import codec, locations, messages
 from shmserve.ipc.channel import SyncChannel
+from shmserve.ipc.locations import InCallArena, InRegion
 from shmserve.ipc.segments import Segment
 from shmserve.model_calls import ServerCalls, _infer_request
 from workers import triton_python_backend_utils as pb_utils
@@ -181,7 +182,7 @@ def target_arena(shm_object):
 
 def by_reference_reply(call_id, region_id, offset, nbytes) -> messages.ServerReply:
     return messages.ServerReply(call_id, True, messages.ResponseFrame(None, [
-        messages.TensorRef("OUT", "FP32", [nbytes // 4], [region_id, offset, nbytes])]))
+        messages.TensorRef("OUT", "FP32", [nbytes // 4], InRegion(region_id, offset, nbytes))]))
 
 
 def test_an_output_by_reference_is_copied_out_by_its_reader_and_released(target_arena):
@@ -247,18 +248,18 @@ def test_large_bls_inputs_go_into_the_arena_or_by_reference(target_arena):
     try:
         args, blocks = request._call_args(decoupled=False)
         (offset,) = blocks
-        assert args["inputs"][0][3] == [offset, big.nbytes]
+        assert args["inputs"][0][3] == InCallArena(offset, big.nbytes)
         assert memory[offset:offset + big.nbytes] == big.tobytes()
         assert bytes(args["inputs"][1][3]) == big[:4].tobytes()
         args, blocks = request._call_args(decoupled=True)
         assert blocks == [] and bytes(args["inputs"][0][3]) == big.tobytes()
         # An input the model was given in a region goes on as where it lies, even decoupled.
-        given = pb_utils.Tensor._wrap("GIVEN", big, "FP32", origin=[5, 256, big.nbytes])
+        given = pb_utils.Tensor._wrap("GIVEN", big, "FP32", origin=InRegion(5, 256, big.nbytes))
         passing = pb_utils.InferenceRequest(model_name="m", requested_output_names=[],
                                             inputs=[given])
         for decoupled in (False, True):
             args, blocks = passing._call_args(decoupled)
-            assert blocks == [] and args["inputs"][0][3] == [5, 256, big.nbytes]
+            assert blocks == [] and args["inputs"][0][3] == InRegion(5, 256, big.nbytes)
     finally:
         pb_utils._set_server_calls(None)
         reader.close()
@@ -279,7 +280,8 @@ class FakeWorker:
         self.mapped.append(region)
 
     def bls_slice(self, location):
-        return RegionSlice(self._region, *location)
+        location = locations.checked(location)
+        return RegionSlice(self._region, location.offset, location.nbytes)
 
 
 class FakeDataPlane:
@@ -308,7 +310,8 @@ def test_the_front_lends_outputs_by_reference_until_the_caller_releases_them():
         dp = FakeDataPlane(target_arena)
         calls = ServerCalls(dp)
         worker = FakeWorker(caller_arena)
-        args = {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}
+        # The input's location as a call's frame carries it: an array.
+        args = {"model": "m", "inputs": [["IN", "FP32", [16], list(InCallArena(256, 64))]]}
         for call_id in (1, 2):
             calls(worker, messages.ServerCall(call_id, "infer", args))
         await asyncio.sleep(0.01)
@@ -316,7 +319,7 @@ def test_the_front_lends_outputs_by_reference_until_the_caller_releases_them():
         assert dp.requests[0].inputs[0].data == RegionSlice(caller_arena, 256, 64)
         assert worker.mapped == [target_arena, target_arena]
         assert [r.response.outputs[0].location for r in worker.replies] == \
-            [[target_arena.region_id, 128, 64]] * 2
+            [InRegion(target_arena.region_id, 128, 64)] * 2
         assert dp.released == 0  # lent until the caller copied it out
         calls(worker, messages.ServerCall(1, "release", {}))
         assert dp.released == 1
@@ -329,8 +332,8 @@ def test_a_bls_input_outside_what_the_caller_was_given_is_refused():
     handle = WorkerHandle(model_name="m", model_version=1, model_dir="", model_repository="",
                           model_config={}, instance_name="m_0", instance_kind="CPU",
                           device_id=0)
-    for location, where in (([1, 2], "the BLS arena"),
-                            ([7, 0, 4], "a region this instance has mapped (id 7)")):
+    for location, where in ((InCallArena(1, 2), "the BLS arena"),
+                            (InRegion(7, 0, 4), "a region this instance has mapped (id 7)")):
         with pytest.raises(ValueError, match=re.escape(where)):
             handle.bls_slice(location)
 
@@ -339,7 +342,8 @@ def test_a_bls_input_outside_what_the_caller_was_given_is_refused():
         worker.bls_slice = handle.bls_slice
         calls = ServerCalls(FakeDataPlane(Region("arena", 64)))
         calls(worker, messages.ServerCall(1, "infer",
-                                          {"model": "m", "inputs": [["IN", "FP32", [1], [1, 2]]]}))
+                                          {"model": "m", "inputs": [["IN", "FP32", [1],
+                                                                      list(InCallArena(1, 2))]]}))
         await asyncio.sleep(0.01)
         (answer,) = worker.replies
         assert answer.response.error[0] == "INVALID_ARG"
@@ -360,7 +364,7 @@ def test_a_fault_of_the_server_answers_the_call_with_an_internal_error(caplog):
     async def scenario():
         worker = FakeWorker(Region("arena", 1 << 20))
         calls = ServerCalls(BrokenDataPlane(Region("target", 1 << 20)))
-        infer = {"model": "m", "inputs": [["IN", "FP32", [16], [256, 64]]]}
+        infer = {"model": "m", "inputs": [["IN", "FP32", [16], list(InCallArena(256, 64))]]}
         calls(worker, messages.ServerCall(1, "infer", infer))
         calls(worker, messages.ServerCall(2, "ready", {"model": "m"}))
         await asyncio.sleep(0.01)

@@ -8,6 +8,7 @@ import posix_ipc
 import pytest
 
 from shmserve.ipc import messages
+from shmserve.ipc.locations import InRegion
 from workers.regions import ClientRegions, OutputTooLarge, RegionUnavailable
 
 SIZE = 3 * mmap.PAGESIZE
@@ -30,7 +31,7 @@ def test_an_input_is_a_writable_view_of_the_client_memory(client):
     _, mapping, _ = client
     regions = _mapped(client)
     mapping[100:104] = b"abcd"
-    view = regions.input((1, 100, 4), "UINT8")
+    view = regions.input(InRegion(1, 100, 4), "UINT8")
     assert bytes(view) == b"abcd"
     view[0:1] = b"z"
     assert mapping[100:101] == b"z"
@@ -42,9 +43,9 @@ def test_an_unaligned_region_offset_is_honoured(client):
     _, mapping, _ = client
     regions = _mapped(client, offset=5000, byte_size=100)
     mapping[5000:5003] = b"xyz"
-    assert bytes(regions.input((1, 0, 3), "UINT8")) == b"xyz"
+    assert bytes(regions.input(InRegion(1, 0, 3), "UINT8")) == b"xyz"
     with pytest.raises(ValueError):
-        regions.input((1, 98, 3), "UINT8")
+        regions.input(InRegion(1, 98, 3), "UINT8")
     regions.close()
 
 
@@ -52,13 +53,13 @@ def test_outputs_are_written_in_place_and_must_fit(client):
     _, mapping, _ = client
     regions = _mapped(client, offset=4096, byte_size=64)
     array = np.arange(4, dtype=np.float32)
-    assert regions.write((1, 8, 16), "OUT", array, None) == 16
+    assert regions.write(InRegion(1, 8, 16), "OUT", array, None) == 16
     assert np.array_equal(np.frombuffer(mapping[4096 + 8:4096 + 24], np.float32), array)
-    assert regions.write((1, 0, 7), "S", None, b"\x03\x00\x00\x00abc") == 7
+    assert regions.write(InRegion(1, 0, 7), "S", None, b"\x03\x00\x00\x00abc") == 7
     assert mapping[4096:4096 + 7] == b"\x03\x00\x00\x00abc"
     before = bytes(mapping)
     with pytest.raises(OutputTooLarge, match=r"\(12 bytes\) should be at least 16 bytes"):
-        regions.write((1, 0, 12), "OUT", array, None)
+        regions.write(InRegion(1, 0, 12), "OUT", array, None)
     assert bytes(mapping) == before
     regions.close()
 
@@ -70,7 +71,7 @@ def test_a_replaced_object_is_refused(client):
     again.close_fd()
     regions = _mapped(client)
     with pytest.raises(RegionUnavailable, match="removed"):
-        regions.input((1, 0, 4), "UINT8")
+        regions.input(InRegion(1, 0, 4), "UINT8")
 
 
 def test_a_missing_object_or_region_fails_cleanly(client):
@@ -78,20 +79,20 @@ def test_a_missing_object_or_region_fails_cleanly(client):
     regions = ClientRegions(gpu_inputs=False)
     regions.map_system(messages.MapSystemRegion(7, "/shmtest_gone", 0, 16, identity))
     with pytest.raises(RegionUnavailable, match="shmtest_gone"):
-        regions.input((7, 0, 4), "UINT8")
+        regions.input(InRegion(7, 0, 4), "UINT8")
     with pytest.raises(RegionUnavailable, match="not mapped"):
-        regions.input((8, 0, 4), "UINT8")
+        regions.input(InRegion(8, 0, 4), "UINT8")
 
 
 def test_unmap_leaves_views_the_model_kept_valid(client):
     _, mapping, _ = client
     regions = _mapped(client)
     mapping[0:2] = b"ok"
-    kept = regions.input((1, 0, 2), "UINT8")
+    kept = regions.input(InRegion(1, 0, 2), "UINT8")
     regions.unmap(1)
     assert bytes(kept) == b"ok"  # no segfault: the mapping lives until its last view goes
     with pytest.raises(RegionUnavailable):
-        regions.input((1, 0, 2), "UINT8")
+        regions.input(InRegion(1, 0, 2), "UINT8")
 
 
 # --- CUDA regions, with a stand-in for workers/cuda.py (no GPU here) ----------------------------
@@ -162,13 +163,13 @@ def test_a_cuda_region_is_opened_once_and_closed_on_unmap(fake_cuda):
     fake.allocations[b"h1"][:] = range(64)
     regions = _cuda_mapped(gpu_inputs=True)
     for _ in range(3):
-        assert bytes(regions.input((7, 8, 4), "UINT8").view(np.ndarray)) == bytes([8, 9, 10, 11])
+        assert bytes(regions.input(InRegion(7, 8, 4), "UINT8").view(np.ndarray)) == bytes([8, 9, 10, 11])
     assert len(fake.opened) == 1 and fake.closed == []
     assert not regions.in_host_memory(7)
     regions.unmap(7)
     assert len(fake.closed) == 1
     with pytest.raises(RegionUnavailable, match="not mapped"):
-        regions.input((7, 0, 4), "UINT8")
+        regions.input(InRegion(7, 0, 4), "UINT8")
     regions.close()
     assert len(fake.closed) == 1
 
@@ -176,14 +177,14 @@ def test_a_cuda_region_is_opened_once_and_closed_on_unmap(fake_cuda):
 def test_a_gpu_model_reads_a_cuda_input_in_place_and_others_get_a_host_copy(fake_cuda):
     memory = fake_cuda.allocations[b"h1"]
     on_gpu = _cuda_mapped(gpu_inputs=True)
-    view = on_gpu.input((7, 0, 4), "FP32")
+    view = on_gpu.input(InRegion(7, 0, 4), "FP32")
     assert isinstance(view, DeviceArray)
     view[0] = 42  # the model writes into its input: the client's memory changes
     assert memory[0] == 42
     # BYTES inputs are parsed on the host, so even a GPU model gets them copied.
-    assert isinstance(on_gpu.input((7, 0, 4), "BYTES"), memoryview)
+    assert isinstance(on_gpu.input(InRegion(7, 0, 4), "BYTES"), memoryview)
     on_cpu = _cuda_mapped(gpu_inputs=False)
-    host = on_cpu.input((7, 0, 4), "FP32")
+    host = on_cpu.input(InRegion(7, 0, 4), "FP32")
     assert isinstance(host, memoryview) and host[0] == 42
     host[0] = 1
     assert memory[0] == 42  # a copy
@@ -196,15 +197,15 @@ def test_outputs_are_written_into_the_cuda_region_within_bounds(fake_cuda):
     memory = fake_cuda.allocations[b"h1"]
     regions = _cuda_mapped(gpu_inputs=True)
     out = np.arange(4, dtype=np.float32)
-    assert regions.write((7, 16, 16), "OUT", out, None) == 16
+    assert regions.write(InRegion(7, 16, 16), "OUT", out, None) == 16
     assert np.frombuffer(memory, np.float32, 4, 16).tolist() == [0, 1, 2, 3]
     device_out = np.arange(2, dtype=np.float32).view(DeviceArray)
-    assert regions.write((7, 0, 8), "OUT", device_out, None) == 8  # device to device
+    assert regions.write(InRegion(7, 0, 8), "OUT", device_out, None) == 8  # device to device
     assert np.frombuffer(memory, np.float32, 2, 0).tolist() == [0, 1]
     with pytest.raises(OutputTooLarge, match="should be at least 16 bytes"):
-        regions.write((7, 0, 8), "OUT", out, None)
+        regions.write(InRegion(7, 0, 8), "OUT", out, None)
     with pytest.raises(RegionUnavailable, match="outside the region of 64 bytes"):
-        regions.write((7, 56, 16), "OUT", out, None)
+        regions.write(InRegion(7, 56, 16), "OUT", out, None)
     assert memory[56:] == bytes(8)
     regions.close()
 
@@ -213,12 +214,12 @@ def test_a_cuda_region_larger_than_its_allocation_or_a_bad_handle_is_refused(fak
     fake = fake_cuda
     too_big = _cuda_mapped(gpu_inputs=True, byte_size=65)
     with pytest.raises(RegionUnavailable, match="exceeds the 64-byte CUDA allocation"):
-        too_big.input((7, 0, 4), "UINT8")
+        too_big.input(InRegion(7, 0, 4), "UINT8")
     assert len(fake.opened) == 1 and len(fake.closed) == 1  # opened, refused, closed at once
     bad = _cuda_mapped(gpu_inputs=True, handle=b"stale")
     with pytest.raises(RegionUnavailable,
                        match="cannot be opened: cudaErrorInvalidResourceHandle"):
-        bad.input((7, 0, 4), "UINT8")
+        bad.input(InRegion(7, 0, 4), "UINT8")
     too_big.close()
     bad.close()
     assert len(fake.closed) == 1
