@@ -109,8 +109,8 @@ class OpenAIRoutes:
         return _json(self._model_entry(name))
 
     def _ready_models(self) -> list:
-        names = dict.fromkeys(e["name"] for e in self.dp.repository_index(ready_only=True))
-        return list(names)
+        """The models with a ready version, from the registry (no scan of the repository)."""
+        return list(dict.fromkeys(mv.name for mv, _ in self.dp.model_statistics()))
 
     def _model_entry(self, name: str) -> dict:
         created = self._created.setdefault(name, int(time.time()))
