@@ -312,39 +312,13 @@ class _Usage:
         return {"prompt_tokens": self.prompt, "total_tokens": self.prompt}
 
 
-class _Completion:
-    """/v1/completions' JSON; `echo`: the prompt the answer starts with (echo asked of a model
-    that cannot echo)."""
+class _Answer:
+    """What every object of one answer shares: its id, time and model; `whole_object` and
+    `chunk_object` name the API's objects of the whole answer and of a stream's chunks."""
 
-    def __init__(self, body: CompletionRequest, echo: str):
-        self.id = f"cmpl-{uuid.uuid1()}"
-        self.created = int(time.time())
-        self.model = body.model
-        self.echo = echo
+    whole_object = chunk_object = ""
 
-    def _doc(self, choices: list, usage) -> dict:
-        return {"id": self.id, "choices": choices, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "object": "text_completion", "usage": usage}
-
-    def whole(self, text: str, usage) -> dict:
-        return self._doc([{"finish_reason": "stop", "index": 0, "logprobs": None,
-                           "text": self.echo + text}], usage)
-
-    def opening(self) -> list:
-        return [self.chunk(self.echo, False)] if self.echo else []
-
-    def chunk(self, text: str, final: bool) -> bytes:
-        return _event(self._doc([{"finish_reason": "stop" if final else None, "index": 0,
-                                  "logprobs": None, "text": text}], None))
-
-    def usage_chunk(self, usage: dict) -> bytes:
-        return _event(self._doc([], usage))
-
-
-class _Chat:
-    """/v1/chat/completions' JSON."""
-
-    def __init__(self, body: ChatCompletionRequest):
+    def __init__(self, body):
         self.id = f"cmpl-{uuid.uuid1()}"
         self.created = int(time.time())
         self.model = body.model
@@ -353,27 +327,59 @@ class _Chat:
         return {"id": self.id, "choices": choices, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "object": obj, "usage": usage}
 
+    def _chunk(self, choice: dict) -> bytes:
+        return _event(self._doc(self.chunk_object, [choice], None))
+
+    def usage_chunk(self, usage: dict) -> bytes:
+        return _event(self._doc(self.chunk_object, [], usage))
+
+
+class _Completion(_Answer):
+    """/v1/completions' JSON; `echo`: the prompt the answer starts with (echo asked of a model
+    that cannot echo)."""
+
+    whole_object = chunk_object = "text_completion"
+
+    def __init__(self, body: CompletionRequest, echo: str):
+        super().__init__(body)
+        self.echo = echo
+
+    def whole(self, text: str, usage) -> dict:
+        return self._doc(self.whole_object, [{"finish_reason": "stop", "index": 0,
+                                              "logprobs": None, "text": self.echo + text}],
+                         usage)
+
+    def opening(self) -> list:
+        return [self.chunk(self.echo, False)] if self.echo else []
+
+    def chunk(self, text: str, final: bool) -> bytes:
+        return self._chunk({"finish_reason": "stop" if final else None, "index": 0,
+                            "logprobs": None, "text": text})
+
+
+class _Chat(_Answer):
+    """/v1/chat/completions' JSON."""
+
+    whole_object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
     def whole(self, text: str, usage) -> dict:
         message = {"content": text, "tool_calls": None, "role": "assistant",
                    "function_call": None}
-        return self._doc("chat.completion", [{"index": 0, "message": message, "logprobs": None,
+        return self._doc(self.whole_object, [{"index": 0, "message": message, "logprobs": None,
                                               "finish_reason": "stop"}], usage)
 
     def opening(self) -> list:
         # The first chunk names the role and has no content.
-        delta = {"role": "assistant", "content": "", "function_call": None}
-        return [self._chunk(delta, None)]
+        return [self._delta({"role": "assistant", "content": "", "function_call": None}, None)]
 
     def chunk(self, text: str, final: bool) -> bytes:
-        delta = {"role": None, "content": text, "function_call": None}
-        return self._chunk(delta, "stop" if final else None)
+        return self._delta({"role": None, "content": text, "function_call": None},
+                           "stop" if final else None)
 
-    def _chunk(self, delta: dict, finish) -> bytes:
-        return _event(self._doc("chat.completion.chunk", [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], None))
-
-    def usage_chunk(self, usage: dict) -> bytes:
-        return _event(self._doc("chat.completion.chunk", [], usage))
+    def _delta(self, delta: dict, finish) -> bytes:
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None,
+                            "finish_reason": finish})
 
 
 async def _off_loop(request: Request, fn, *args):
