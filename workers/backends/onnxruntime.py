@@ -22,6 +22,7 @@ from workers.backends import AutoCompleteContext, BackendError, Context
 from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
                                          string_parameters)
+from workers.backends.ragged import RaggedBatching
 from workers.backends.stacked import RunError, StackedModel
 from workers.sequence_extras import extra_tensors
 
@@ -344,9 +345,14 @@ class OnnxModel(StackedModel):
         model_inputs = {arg.name: _Tensor(arg) for arg in self._session.get_inputs()}
         model_outputs = {arg.name: _Tensor(arg) for arg in self._session.get_outputs()}
         self._start_sequences(context)
+        self._ragged = RaggedBatching.from_config(config)
         sequence_inputs, state_outputs = extra_tensors(config)
         self._inputs = (self._validate("input", config.get("input") or [], model_inputs)
                         + self._validate("input", sequence_inputs, model_inputs, dims=False))
+        targets = iter(self._validate("input", self._ragged.target_entries(), model_inputs,
+                                      dims=False))
+        self._batch_feeds = [(batch_input, [next(targets) for _ in batch_input.targets])
+                             for batch_input in self._ragged.batch_inputs]
         self._outputs = self._validate("output", config.get("output") or [], model_outputs)
         for io in self._validate("output", state_outputs, model_outputs, dims=False):
             io.state = True
@@ -375,7 +381,11 @@ class OnnxModel(StackedModel):
             reshape = entry.get("reshape")
             shape = [int(d) for d in (reshape.get("shape") or [] if reshape is not None
                                       else entry.get("dims") or [])]
-            if dims and not tensor.dims:
+            if kind == "input" and io_name in self._ragged.ragged:
+                self._check_ragged(entry, tensor)
+            elif kind == "output" and io_name in self._ragged.batch_outputs:
+                pass  # its shape follows an input's, not the model's
+            elif dims and not tensor.dims:
                 if any(d != 1 for d in shape):
                     raise BackendError(
                         f"unable to load model '{name}', scalar tensor '{io_name}', should "
@@ -386,6 +396,18 @@ class OnnxModel(StackedModel):
                               exact=kind == "output")
             ios.append(_Io(entry, tensor, batching))
         return ios
+
+    def _check_ragged(self, entry: dict, tensor: _Tensor) -> None:
+        """A ragged input reaches the model as one flat tensor: the model must take [-1]."""
+        name = entry["name"]
+        if entry.get("optional"):
+            raise BackendError(f"unable to load model '{self._name}', configuration expects "
+                               f"model provides input with shape [-1] for ragged input "
+                               f"'{name}', which is not supported for optional input")
+        if tensor.dims != [_WILDCARD]:
+            raise BackendError(f"unable to load model '{self._name}', configuration expects "
+                               f"model provides input with shape [-1]  for ragged input "
+                               f"'{name}', model provides {_shape(tensor.dims)}")
 
     def finalize(self) -> None:
         self._session = None

@@ -28,6 +28,7 @@ from workers.backends import AutoCompleteContext, BackendError, Context
 from workers.backends.batch import Output
 from workers.backends.parameters import (bool_parameter, default_intra_op_threads, int_parameter,
                                          string_parameters)
+from workers.backends.ragged import RaggedBatching
 from workers.backends.stacked import RunError, StackedModel
 from workers.sequence_extras import extra_tensors
 
@@ -150,13 +151,15 @@ def _index_of(model: str, kind: str, name: str) -> int:
     return index
 
 
-def bind_inputs(model: str, config: dict, arguments: list,
-                sequence_inputs: list = ()) -> tuple[list, bool]:
-    """The config's inputs, and a sequence model's control and state inputs
-    (`sequence_inputs`), bound to `forward()`'s arguments (torch.Argument, `self` left out),
-    and whether forward() takes them as one dict; BackendError saying why they do not fit."""
+def bind_inputs(model: str, config: dict, arguments: list, sequence_inputs: list = (),
+                batch_inputs: list = ()) -> tuple[list, bool]:
+    """The config's inputs, a sequence model's control and state inputs (`sequence_inputs`)
+    and the targets of its batch inputs (`batch_inputs`, as config entries) bound to
+    `forward()`'s arguments (torch.Argument, `self` left out), and whether forward() takes
+    them as one dict; BackendError saying why they do not fit. A batch input's target is bound
+    by the rule the config's inputs follow, after them in config order."""
     entries = config.get("input") or []
-    expected = len(entries) + len(sequence_inputs)
+    expected = len(entries) + len(sequence_inputs) + len(batch_inputs)
     batching = int(config.get("max_batch_size") or 0) > 0
     kinds = [arg.type.kind() for arg in arguments]
     as_dict = len(arguments) == 1 and kinds[0] == "DictType"
@@ -178,21 +181,22 @@ def bind_inputs(model: str, config: dict, arguments: list,
     for entry in [*entries, *sequence_inputs]:
         _check_type(model, "input", entry, batching)
     names = [entry["name"] for entry in entries]
+    targets = [entry["name"] for entry in batch_inputs]
     argument_names = [arg.name for arg in arguments]
     if as_dict:
         indexes = list(range(expected))
     else:
         if all(name in argument_names for name in names):
-            indexes = [argument_names.index(name) for name in names]
+            indexes = [_argument_index(model, argument_names, name) for name in names + targets]
         elif all(_named_index(name) is not None for name in names):
-            indexes = [_named_index(name) for name in names]
+            indexes = [_batch_target_index(model, name) for name in names + targets]
         else:
             log.warning("input(s) of model '%s' are neither arguments of forward() nor follow "
                         "the <name>__<index> naming convention: they are bound in the "
                         "configuration's order", model)
-            indexes = list(range(len(entries)))
+            indexes = list(range(len(entries) + len(targets)))
         indexes += [_index_of(model, "input", e["name"]) for e in sequence_inputs]
-        names += [e["name"] for e in sequence_inputs]
+        names += targets + [e["name"] for e in sequence_inputs]
         for name, index in zip(names, indexes):
             if index >= len(arguments):
                 raise BackendError(
@@ -201,7 +205,8 @@ def bind_inputs(model: str, config: dict, arguments: list,
         if len(set(indexes)) != len(indexes):
             raise BackendError(f"unable to load model '{model}', inputs {', '.join(names)} "
                                "name the same forward() argument twice")
-    ios = [_Io(entry, index) for entry, index in zip([*entries, *sequence_inputs], indexes)]
+    ios = [_Io(entry, index)
+           for entry, index in zip([*entries, *batch_inputs, *sequence_inputs], indexes)]
     if not as_dict:
         for io in ios:
             arg, kind = arguments[io.index], kinds[io.index]
@@ -211,6 +216,21 @@ def bind_inputs(model: str, config: dict, arguments: list,
                     f"but forward() argument '{arg.name}' is {arg.type} (TYPE_STRING inputs "
                     "are List[str], every other type a Tensor)")
     return ios, as_dict
+
+
+def _argument_index(model: str, argument_names: list, name: str) -> int:
+    if name not in argument_names:
+        raise BackendError(f"unable to load model '{model}', batch input '{name}' is not an "
+                           f"argument of forward(), which takes {', '.join(argument_names)}")
+    return argument_names.index(name)
+
+
+def _batch_target_index(model: str, name: str) -> int:
+    index = _named_index(name)
+    if index is None:
+        raise BackendError(f"unable to load model '{model}', batch input '{name}' does not "
+                           "follow the <name>__<index> naming convention, as the inputs do")
+    return index
 
 
 def bind_outputs(model: str, config: dict, returns, state_outputs: list = ()) -> list:
@@ -292,12 +312,24 @@ class TorchModel(StackedModel):
             arguments = arguments[1:]  # self
         self._max_batch_size = int(config.get("max_batch_size") or 0)
         self._start_sequences(context)
+        self._ragged = RaggedBatching.from_config(config)
         sequence_inputs, state_outputs = extra_tensors(config)
-        self._inputs, self._as_dict = bind_inputs(self._name, config, arguments,
-                                                  sequence_inputs)
+        targets = self._ragged.target_entries()
+        inputs, self._as_dict = bind_inputs(self._name, config, arguments, sequence_inputs,
+                                            targets)
+        count = len(config.get("input") or [])
+        self._inputs = inputs[:count] + inputs[count + len(targets):]
+        bound = iter(inputs[count:count + len(targets)])
+        self._batch_feeds = [(batch_input, [next(bound) for _ in batch_input.targets])
+                             for batch_input in self._ragged.batch_inputs]
         self._argument_count = len(arguments)
         returns = schema.returns[0].type if len(schema.returns) == 1 else None
         self._outputs = bind_outputs(self._name, config, returns, state_outputs)
+        for io in self._outputs:
+            if io.name in self._ragged.batch_outputs and io.config_type == _STRING:
+                raise BackendError(f"unable to load model '{self._name}', batch output "
+                                   f"'{io.name}' is TYPE_STRING, which batch outputs do not "
+                                   "support")
         self._cuda = self._device.type == "cuda"
 
     def finalize(self) -> None:

@@ -18,6 +18,11 @@ A sequence model (`sequence_batching` with control inputs or implicit state) get
 and each slot's state as more inputs (workers/sequence_extras.py), and its state outputs are
 kept for the slot's next request; `_outputs` then ends with the state outputs (io.state
 true), which no client can ask for.
+
+Ragged batching (workers/backends/ragged.py): a subclass that sets `_ragged` and
+`_batch_feeds` (each batch input with the ios of its targets) gets its ragged inputs flattened
+across the group, the batch inputs computed for the group, and its batch outputs scattered by
+the source input's shapes instead of cut into rows.
 """
 
 import time
@@ -27,8 +32,9 @@ import numpy as np
 from workers import cuda
 from workers import triton_python_backend_utils as pb_utils
 from workers.backends import BackendError, Context
-from workers.backends.batch import Request, Response, Timings, batch_view, error_response, \
-    input_array
+from workers.backends.batch import Output, Request, Response, Timings, batch_view, \
+    error_response, input_array
+from workers.backends.ragged import NONE, RaggedBatching
 from workers.sequence_extras import SequenceConfigError, SequenceExtras
 
 
@@ -54,6 +60,8 @@ class StackedModel:
     _inputs: list
     _outputs: list
     _sequence: SequenceExtras | None = None
+    _ragged: RaggedBatching = NONE
+    _batch_feeds: tuple | list = ()  # (ragged.BatchInput, [io of each of its targets])
 
     def _start_sequences(self, context: Context) -> None:
         """The controls and state of a sequence model's slots (none for other models)."""
@@ -116,6 +124,7 @@ class StackedModel:
             results = self._infer(feeds)
             if sizes[0] is not None:
                 self._check_rows(results, sum(sizes))
+            scattered = self._scatter(results, [arrays[i] for i in group])
         except RunError as exc:
             for index in group:
                 responses[index] = error_response(exc.code, exc.message)
@@ -123,12 +132,16 @@ class StackedModel:
             return
         ran = time.perf_counter_ns()
         row = 0
-        for index, size in zip(group, sizes):
+        for position, (index, size) in enumerate(zip(group, sizes)):
             request = requests[index]
             wanted = set(request.requested_output_names)
             outputs, states = [], []
             for io, result in zip(self._outputs, results):
-                if io.name in wanted or io.state:
+                if io in scattered:
+                    if io.name in wanted:
+                        part = scattered[io][position]
+                        outputs.append(Output(io.name, io.wire, list(part.shape), part))
+                elif io.name in wanted or io.state:
                     part = result[row:row + size] if size is not None else result
                     (states if io.state else outputs).append(self._output(io, part, size))
             responses[index] = Response(outputs, None, {})
@@ -159,16 +172,46 @@ class StackedModel:
                 raise ValueError(f"input '{io.name}' is missing from some requests")
             if batching:
                 sizes = [p.shape[0] if p.ndim else 1 for p in parts]
-                array = parts[0] if len(parts) == 1 else _concatenate(parts)
-            else:
-                array = parts[0]
+            if io.name in self._ragged.ragged:
+                # Every request's elements back to back, one flat tensor for the group.
+                parts = [p.reshape(-1) for p in parts]
+                stacked[io] = parts[0] if len(parts) == 1 else _concatenate(parts)
+                continue
+            array = parts[0] if not batching or len(parts) == 1 else _concatenate(parts)
             if io.model_shape is not None:
                 array = array.reshape(([sum(sizes)] if batching else []) + io.model_shape)
             stacked[io] = array
+        for batch_input, ios in self._batch_feeds:
+            shapes = [a[batch_input.source].shape for a in arrays if batch_input.source in a]
+            if len(shapes) != len(arrays):
+                raise ValueError(f"input '{batch_input.source}', the source of batch input "
+                                 f"'{batch_input.targets[0]}', is missing from some requests")
+            array = batch_input.array(shapes)
+            for io in ios:
+                stacked[io] = array
         return stacked, sizes
+
+    def _scatter(self, results: list, arrays: list) -> dict:
+        """{io: each request's part} of the batch outputs among `results`, for requests whose
+        inputs are `arrays`."""
+        scattered = {}
+        for io, result in zip(self._outputs, results):
+            batch_output = self._ragged.batch_outputs.get(io.name)
+            if batch_output is None:
+                continue
+            if isinstance(result, list):  # a List[str] from TorchScript: refused at load
+                raise RunError("INTERNAL", f"batch output '{io.name}' must be a tensor")
+            try:
+                scattered[io] = batch_output.scatter(
+                    result, [a[batch_output.source].shape for a in arrays])
+            except (ValueError, KeyError) as exc:
+                raise RunError("INTERNAL", f"model '{self._name}': {exc}") from None
+        return scattered
 
     def _check_rows(self, results: list, rows: int) -> None:
         for io, result in zip(self._outputs, results):
+            if io.name in self._ragged.batch_outputs:
+                continue  # its parts follow the input shapes, not the batch's rows
             count = len(result) if getattr(result, "ndim", 1) else 0
             if count != rows:
                 raise RunError("INTERNAL", f"output '{io.name}' of model '{self._name}' has "

@@ -103,6 +103,61 @@ def test_inputs_that_do_not_fit_forward(module, inputs, message):
     assert message in str(err.value)
 
 
+class Ragged(torch.nn.Module):
+    """Each request's sum, from the flat batch and where each request ends."""
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor):
+        sums = torch.cumsum(x, 0)[ends.long() - 1]
+        return x * 2, torch.diff(sums, prepend=torch.zeros(1)).unsqueeze(1)
+
+
+def test_batch_inputs_bind_as_the_inputs_do():
+    targets = [fp32("ends", [-1])]
+    ios, _ = backend.bind_inputs("m", config([fp32("x")]), arguments(Ragged()), (), targets)
+    assert [(io.name, io.index) for io in ios] == [("x", 0), ("ends", 1)]
+    ios, _ = backend.bind_inputs("m", config([fp32("X__0")]), arguments(Ragged()), (),
+                                 [fp32("E__1")])
+    assert [(io.name, io.index) for io in ios] == [("X__0", 0), ("E__1", 1)]
+    ios, _ = backend.bind_inputs("m", config([fp32("first")]), arguments(Ragged()), (),
+                                 [fp32("E")])
+    assert [(io.name, io.index) for io in ios] == [("first", 0), ("E", 1)]
+    with pytest.raises(BackendError, match="batch input 'E' is not an argument of forward()"):
+        backend.bind_inputs("m", config([fp32("x")]), arguments(Ragged()), (), [fp32("E")])
+    with pytest.raises(BackendError, match="batch input 'E' does not follow the <name>__<index>"):
+        backend.bind_inputs("m", config([fp32("X__0")]), arguments(Ragged()), (), [fp32("E")])
+    with pytest.raises(BackendError, match="configuration expects 1 inputs, model provides 2"):
+        backend.bind_inputs("m", config([fp32("x")]), arguments(Ragged()))
+
+
+def test_a_ragged_batch_through_a_torchscript_model(tmp_path):
+    (tmp_path / "1").mkdir()
+    torch.jit.script(Ragged()).save(str(tmp_path / "1" / "model.pt"))
+    ragged = config([dict(fp32("x", [-1]), allow_ragged_batch=True)],
+                    [fp32("DOUBLED__0", [-1]), fp32("SUM__1", [1])], max_batch_size=8,
+                    instance_group=[{"kind": "KIND_CPU", "count": 1}],
+                    batch_input=[{"kind": "BATCH_ACCUMULATED_ELEMENT_COUNT",
+                                  "target_name": ["ends"], "data_type": "TYPE_INT32",
+                                  "source_input": ["x"]}],
+                    batch_output=[{"kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
+                                   "target_name": ["DOUBLED__0"], "source_input": ["x"]}])
+    model = backend.load(context(str(tmp_path), ragged))
+    values = [np.arange(n, dtype=np.float32).reshape(1, n) + n for n in (2, 5, 1)]
+    requests = [Request("r", 0, 0, {}, [Input("x", "FP32", [1, v.size], memoryview(v.tobytes()))],
+                        ["DOUBLED__0", "SUM__1"]) for v in values]
+    responses, _ = model.execute(requests)
+    assert [r.error for r in responses] == [None] * 3
+    for v, response in zip(values, responses):
+        doubled, total = response.outputs
+        assert doubled.shape == [1, v.size]
+        np.testing.assert_array_equal(doubled.array, v * 2)
+        assert total.array.tolist() == [[float(v.sum())]]
+    string_output = dict(ragged, output=[{"name": "DOUBLED__0", "data_type": "TYPE_STRING",
+                                          "dims": [1], "reshape": {"shape": []}},
+                                         fp32("SUM__1", [1])])
+    with pytest.raises(BackendError, match="batch output 'DOUBLED__0' is TYPE_STRING"):
+        backend.load(context(str(tmp_path), string_output))
+
+
 def test_strings_are_one_dimensional():
     two_dims = {"name": "s", "data_type": "TYPE_STRING", "dims": [2]}
     with pytest.raises(BackendError, match="Triton only supports 1 dimensional List of String "
