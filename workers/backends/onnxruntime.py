@@ -343,10 +343,17 @@ class OnnxModel(StackedModel):
         self._session = _session(path, options, providers)
         self._max_batch_size = int(config.get("max_batch_size") or 0)
         model_inputs = {arg.name: _Tensor(arg) for arg in self._session.get_inputs()}
+        required = len(model_inputs)
+        # An initializer that is also a graph input has a default a request may override: a
+        # config may list it (as optional) like any input.
+        for arg in self._session.get_overridable_initializers():
+            model_inputs.setdefault(arg.name, _Tensor(arg))
         model_outputs = {arg.name: _Tensor(arg) for arg in self._session.get_outputs()}
         self._start_sequences(context)
         self._ragged = RaggedBatching.from_config(config)
         sequence_inputs, state_outputs = extra_tensors(config)
+        self._check_input_count(config, required,
+                                len(sequence_inputs) + len(self._ragged.target_entries()))
         self._inputs = (self._validate("input", config.get("input") or [], model_inputs)
                         + self._validate("input", sequence_inputs, model_inputs, dims=False))
         targets = iter(self._validate("input", self._ragged.target_entries(), model_inputs,
@@ -373,7 +380,7 @@ class OnnxModel(StackedModel):
             if tensor is None:
                 raise BackendError(f"unable to load model '{name}', unexpected inference "
                                    f"{kind} '{io_name}', allowed {kind}s are: "
-                                   f"{', '.join(model)}")
+                                   f"{', '.join(sorted(model))}")
             if entry["data_type"] != tensor.data_type:
                 raise BackendError(f"unable to load model '{name}', configuration expects "
                                    f"datatype {entry['data_type']} for {kind} '{io_name}', "
@@ -381,6 +388,10 @@ class OnnxModel(StackedModel):
             reshape = entry.get("reshape")
             shape = [int(d) for d in (reshape.get("shape") or [] if reshape is not None
                                       else entry.get("dims") or [])]
+            if kind == "input" and entry.get("optional") and batching:
+                raise BackendError(f"unable to load model '{name}', optional input "
+                                   f"'{io_name}' is not supported for models that support "
+                                   "batching")
             if kind == "input" and io_name in self._ragged.ragged:
                 self._check_ragged(entry, tensor)
             elif kind == "output" and io_name in self._ragged.batch_outputs:
@@ -396,6 +407,14 @@ class OnnxModel(StackedModel):
                               exact=kind == "output")
             ios.append(_Io(entry, tensor, batching))
         return ios
+
+    def _check_input_count(self, config: dict, required: int, extra: int) -> None:
+        """Triton's count: the model's required inputs are the config's inputs that are not
+        optional, the sequence controls and states, and the batch inputs' targets."""
+        expected = extra + sum(not entry.get("optional") for entry in config.get("input") or [])
+        if required != expected:
+            raise BackendError(f"unable to load model '{self._name}', configuration expects "
+                               f"{expected} inputs, model provides {required}")
 
     def _check_ragged(self, entry: dict, tensor: _Tensor) -> None:
         """A ragged input reaches the model as one flat tensor: the model must take [-1]."""

@@ -211,27 +211,62 @@ def test_requests_that_do_not_lie_back_to_back_are_concatenated(add_model):
     assert responses[1].outputs == []  # it asked for no output
 
 
+def fp32(name, dims=(4,), **more) -> dict:
+    return dict({"name": name, "data_type": "TYPE_FP32", "dims": list(dims)}, **more)
+
+
 @pytest.mark.parametrize("config,message", [
-    ({"max_batch_size": 0, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}]},
+    ({"max_batch_size": 0, "input": [fp32("A"), fp32("B", [-1, 4])]},
      "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
      "configuration specifies 1 dimensions (shape [4])"),
-    ({"max_batch_size": 4, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [5]}]},
+    ({"max_batch_size": 4, "input": [fp32("A", [5]), fp32("B")]},
      "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
      "configuration specifies 2 dimensions (an initial batch dimension because max_batch_size "
      "> 0 followed by the explicit tensor shape, making complete shape [-1,5])"),
-    ({"max_batch_size": 4, "input": [{"name": "Z", "data_type": "TYPE_FP32", "dims": [4]}]},
+    ({"max_batch_size": 4, "input": [fp32("B"), fp32("Z")]},
      "unable to load model 'm', unexpected inference input 'Z', allowed inputs are: A, B"),
-    ({"max_batch_size": 4, "output": [{"name": "C", "data_type": "TYPE_FP16", "dims": [4]}]},
+    ({"max_batch_size": 4, "input": [fp32("A"), fp32("B")],
+      "output": [{"name": "C", "data_type": "TYPE_FP16", "dims": [4]}]},
      "unable to load model 'm', configuration expects datatype TYPE_FP16 for output 'C', model "
      "provides TYPE_FP32"),
-    ({"max_batch_size": 4, "sequence_batching": {"control_input": [
-        {"name": "START", "control": [{"int32_false_true": [0, 1]}]}]}},
-     "unable to load model 'm', unexpected inference input 'START', allowed inputs are: A, B"),
+    # Triton counts the model's required inputs before it looks at their names.
+    ({"max_batch_size": 4, "input": [fp32("A")]},
+     "unable to load model 'm', configuration expects 1 inputs, model provides 2"),
+    ({"max_batch_size": 4, "input": [fp32("A"), fp32("B")], "sequence_batching": {
+        "control_input": [{"name": "START", "control": [{"int32_false_true": [0, 1]}]}]}},
+     "unable to load model 'm', configuration expects 3 inputs, model provides 2"),
 ])
 def test_a_config_that_does_not_fit_the_model_fails_the_load(add_model, config, message):
     with pytest.raises(BackendError) as err:
         backend.load(context(add_model, config))
     assert message in str(err.value)
+
+
+def test_an_initializer_a_request_may_override_is_an_optional_input(tmp_path):
+    from onnx import numpy_helper
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["C"])], "g",
+                              [vi("A", ["N", 4]), vi("B", [4])], [vi("C", ["N", 4])],
+                              initializer=[numpy_helper.from_array(np.ones(4, np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "1").mkdir()
+    onnx.save(model, str(tmp_path / "1" / "model.onnx"))
+    config = {"max_batch_size": 0, "input": [fp32("A", [-1, 4]), fp32("B", optional=True)],
+              "output": [fp32("C", [-1, 4])]}
+    instance = backend.load(context(str(tmp_path), config))
+    a = np.zeros((2, 4), np.float32)
+    b = np.full(4, 5, np.float32)
+    alone = Request("r", 0, 0, {}, [Input("A", "FP32", [2, 4], memoryview(a.tobytes()))], ["C"])
+    both = Request("r", 0, 0, {}, [Input("A", "FP32", [2, 4], memoryview(a.tobytes())),
+                                   Input("B", "FP32", [4], memoryview(b.tobytes()))], ["C"])
+    responses, _ = instance.execute([alone, both])
+    assert [r.outputs[0].array.tolist() for r in responses] == [[[1.0] * 4] * 2, [[5.0] * 4] * 2]
+    batching = dict(config, max_batch_size=4, input=[fp32("A"), fp32("B", optional=True)],
+                    output=[fp32("C")])
+    with pytest.raises(BackendError) as err:
+        backend.load(context(str(tmp_path), batching))
+    assert str(err.value) == ("unable to load model 'm', optional input 'B' is not supported "
+                              "for models that support batching")
 
 
 def test_a_missing_model_file_names_the_instance(tmp_path):

@@ -82,14 +82,18 @@ CONFIG = {
 }
 
 
-@pytest.fixture
-def ragged_onnx(tmp_path):
+def save_ragged(folder, x_shape=("E",)) -> str:
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from tests.onnx_graphs import ragged_doubler
-    (tmp_path / "1").mkdir()
-    onnx.save(ragged_doubler(), str(tmp_path / "1" / "model.onnx"))
-    return str(tmp_path)
+    (folder / "1").mkdir(parents=True)
+    onnx.save(ragged_doubler(x_shape), str(folder / "1" / "model.onnx"))
+    return str(folder)
+
+
+@pytest.fixture
+def ragged_onnx(tmp_path):
+    return save_ragged(tmp_path)
 
 
 def load_onnx(model_dir, config):
@@ -118,11 +122,13 @@ def test_an_onnx_model_gets_the_batch_flat_and_each_request_its_part(ragged_onnx
         assert (last.name, last.array.tolist()) == ("END", [[end]])
 
 
-def test_an_onnx_ragged_input_must_be_flat_in_the_model(ragged_onnx):
+def test_an_onnx_ragged_input_must_be_flat_in_the_model(ragged_onnx, tmp_path):
     from workers.backends import BackendError
-    config = dict(CONFIG, input=[dict(CONFIG["input"][0], optional=True)])
-    with pytest.raises(BackendError, match="which is not supported for optional input"):
-        load_onnx(ragged_onnx, config)
+    with pytest.raises(BackendError) as err:
+        load_onnx(save_ragged(tmp_path / "2d", ("E", 2)), CONFIG)
+    assert str(err.value) == ("unable to load model 'm', configuration expects model provides "
+                              "input with shape [-1]  for ragged input 'X', model provides "
+                              "[-1,2]")
     config = dict(CONFIG, batch_input=[dict(CONFIG["batch_input"][0], data_type="TYPE_INT32")])
     with pytest.raises(BackendError, match="configuration expects datatype TYPE_INT32 for "
                                            "input 'INDEX', model provides TYPE_FP32"):
