@@ -5,6 +5,7 @@ shmserve: `await server.start()`, `await server.infer(InferRequest(...))`, `awai
 """
 
 import asyncio
+import functools
 import logging
 import math
 import signal
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from shmserve import dataplane as limits
+from shmserve import warmup
 from shmserve.config.backend import DEFAULT_BACKEND_DIRECTORY
 from shmserve.dataplane import DataPlane
 from shmserve.dispatch.front_spin import FrontSpin
@@ -190,6 +192,8 @@ class Server:
                                    tracer=Tracer(options.trace))
         self.loader.step_runner = self.dataplane.run_step  # ensembles run their steps there
         self.loader.server_calls = ServerCalls(self.dataplane)  # BLS and model control
+        self.loader.warm_up = functools.partial(warmup.warm_up,
+                                                max_tensor_bytes=options.max_tensor_byte_size)
         self._http_servers: list = []  # inference HTTP and metrics
         self._http: HttpServer | None = None  # the inference HTTP server
         self._grpc: grpc_transport.GrpcServer | None = None

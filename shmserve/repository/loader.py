@@ -130,6 +130,9 @@ class Loader:
         self.step_runner: Callable[..., Any] | None = None
         # Serves the models' calls into the server (model_calls.ServerCalls); set by the server.
         self.server_calls: Callable[[WorkerHandle, ServerCall], None] | None = None
+        # Runs a version's model_warmup samples on a started instance: warm_up(mv, instance,
+        # model_dir), raising ServerError (set by the server: shmserve/warmup.py).
+        self.warm_up: Callable[..., Awaitable[None]] | None = None
 
     async def load_all(self, entries: list) -> None:
         """Load the models of `entries` (ModelEntry), each ensemble after its steps."""
@@ -332,6 +335,8 @@ class Loader:
                    for want in wanted_instances(config, _kind_name)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            errors = await self._warm_up(mv, workers, entry.path)
         limiter = self._rate_limiter
         pool = InstancePool(workers, limiter=limiter if limiter is not None
                             and any(limiter.limits(w) for w in workers) else None,
@@ -359,6 +364,14 @@ class Loader:
         log.info("model '%s' version %d is ready (%d instance(s), %.2fs)", entry.name, version,
                  len(workers), mv.load_seconds)
         return mv
+
+    async def _warm_up(self, mv, workers: list, model_dir: str) -> list:
+        """The errors of warming up started instances (none without model_warmup)."""
+        if not mv.config.model_warmup or self.warm_up is None:
+            return []
+        results = await asyncio.gather(*(self.warm_up(mv, w, model_dir) for w in workers),
+                                       return_exceptions=True)
+        return [r for r in results if isinstance(r, BaseException)]
 
     def _new_worker(self, entry, version: int, config_json: dict, want) -> WorkerHandle:
         """The (not yet started) instance `want` (instances.Wanted) of a version."""
@@ -393,6 +406,8 @@ class Loader:
                      ", ".join(w.instance_name for w in added))
         results = await asyncio.gather(*(w.start() for w in added), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            errors = await self._warm_up(mv, added, entry.path)
         if errors or mv.state != reg.READY or pool.closed:
             await asyncio.gather(*(w.stop() for w in added))
             if self._rate_limiter is not None:

@@ -144,7 +144,10 @@ CONFIGS = {
     "onnx_batched": """
         max_batch_size: 8
         dynamic_batching { max_queue_delay_microseconds: 300000 }
-        instance_group [ { count: 1 kind: KIND_CPU } ]""",
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        model_warmup [ { name: "full" batch_size: 8 inputs [
+          { key: "A" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } },
+          { key: "B" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } } ] } ]""",
     "onnx_fixed_claims_batching": "max_batch_size: 8",
     "onnx_mismatch": 'backend: "onnxruntime" platform: "pytorch_libtorch"',
     "onnx_bad_param": """
@@ -411,6 +414,12 @@ def test_requests_are_batched_and_each_gets_its_rows(clients, server):
     executions = after["execution_count"] - before["execution_count"]
     assert inferred == 7  # rows
     assert executions < len(batches), (executions, inferred)
+
+
+def test_a_warmup_sample_runs_as_one_batch_of_its_size(clients):
+    stats = clients["http"].get_inference_statistics("onnx_batched")["model_stats"][0]
+    full = [b for b in stats["batch_stats"] if b["batch_size"] == 8]
+    assert full and full[0]["compute_infer"]["count"] == 1  # no client sends 8 rows
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

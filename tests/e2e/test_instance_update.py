@@ -362,3 +362,25 @@ def test_a_removed_instance_keeps_its_sequences_until_they_end(life, tmp_path):
     finally:
         grpc.close()
         stop_server(server)
+
+
+def test_an_added_instance_warms_up_before_it_serves(life, tmp_path):
+    repo, record = life
+    warmup = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "SECONDS" value: '
+              '{ data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]')
+    write_config(repo, life_config(record, 1, extra=warmup))
+    server = start(repo, tmp_path, "--model-control-mode=explicit", "--load-model=life")
+    http = httpclient.InferenceServerClient(server.http_url)
+
+    def executions() -> int:
+        return http.get_inference_statistics("life")["model_stats"][0]["execution_count"]
+
+    try:
+        assert executions() == 1  # life_0_0's warmup, before the model was ready
+        write_config(repo, life_config(record, 2, extra=warmup))
+        http.load_model("life")
+        assert executions() == 2  # life_0_1's, before it joined
+        assert [g["count"] for g in http.get_model_config("life")["instance_group"]] == [2]
+    finally:
+        http.close()
+        stop_server(server)

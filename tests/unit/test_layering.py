@@ -7,7 +7,7 @@ above:
          -> scheduling -> dispatch -> ipc
 
 (the dataplane layer is dataplane.py and the request's way behind it: lifecycle.py,
-admission.py, responses.py)
+admission.py, responses.py, and warmup.py, whose requests take that way)
 
 Beside those layers:
 - the base (errors, inference, signature, eager, proto, config/) imports only itself and ipc,
@@ -36,7 +36,8 @@ LAYERS = (
     ("host", ("shmserve.host",)),
     ("transports", ("shmserve.http", "shmserve.grpc", "shmserve.openai", "shmserve.model_calls")),
     ("dataplane", ("shmserve.dataplane", "shmserve.lifecycle", "shmserve.admission",
-                   "shmserve.responses", "shmserve.fastpath.checked_templates")),
+                   "shmserve.responses", "shmserve.warmup",
+                   "shmserve.fastpath.checked_templates")),
     ("repository", ("shmserve.repository",)),
     ("registry", ("shmserve.registry",)),
     ("scheduling", ("shmserve.scheduling",)),
