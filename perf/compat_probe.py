@@ -17,7 +17,7 @@ index, and the metric families (names, types and label keys; not values). After 
 and stream of the battery, what it added to each model's statistics counts and request
 counters (metrics, failures by reason) is compared too ("counted <case>"). Then both servers start again in explicit model control, on a copy of the
 repository, for a sequence of loads (unknown models, config overrides good and bad, model
-files, models that fail to load), unloads (with dependents), indexes, and requests to models
+files, models that fail to load, warmup samples good and bad), unloads (with dependents), indexes, and requests to models
 not loaded. Answers that depend on time or load (durations) are not compared. KNOWN
 (compat/known.py) lists the differences kept on purpose, each with its reason (mostly where
 ../shared/reference states a behaviour that Triton 2.51 does not have, or where Triton's answer

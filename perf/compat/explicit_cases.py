@@ -1,5 +1,6 @@
 """The second pass, in explicit model control: a sequence of loads (unknown models, config
-overrides good and bad, model files, models that fail to load), unloads (with dependents),
+overrides good and bad, model files, models that fail to load, warmup samples good and
+bad), unloads (with dependents),
 indexes, and requests to models not loaded; and the models written into that pass's copy of
 the repository only (those that fail to load, one without config.pbtxt)."""
 import base64
@@ -91,6 +92,10 @@ def management_cases():
               ("infer", "POST", "/infer", {"inputs": [
                   {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}))),
         ("explicit index after broken loads", ("POST", repo + "/index", {})),
+        *((f"explicit load {name}", ("POST", f"{repo}/models/{name}/load", {}))
+          for name in WARMUP_MODELS),
+        *((f"explicit stats {name}", ("GET", f"/v2/models/{name}/stats")) for name in WARMUP_MODELS),
+        ("explicit index after warmups", ("POST", repo + "/index", {})),
         ("grpc explicit load unknown", grpc_load("nope")),
         ("grpc explicit load init_raises", grpc_load("init_raises")),
         ("grpc explicit load bad_dims", grpc_load("bad_dims")),
@@ -147,6 +152,30 @@ BROKEN_MODELS = {
 }
 
 
+def _warmup(data, dims="1", data_type="TYPE_INT32", key="IN", batch_size=1, count=0):
+    return (f'model_warmup [ {{ name: "w" batch_size: {batch_size} count: {count} inputs {{ '
+            f'key: "{key}" value: {{ data_type: {data_type} dims: [ {dims} ] {data} }} }} }} ]\n')
+
+
+# Models with model_warmup, written into the explicit pass's copy of the repository too: those
+# that load (their statistics count the warmup) and those whose warmup fails or cannot be
+# built (the reason). Files as for BROKEN_MODELS; warmup/ holds a sample's data file. Not among
+# them: a model whose execute raises on a warmup sample, on which Triton 2.51 now and then dies
+# (signal 11, seen in this probe; another run gave the reason that tests/e2e/test_warmup.py's
+# failing sample has, with the Python backend's wording of a raise).
+WARMUP_MODELS = {
+    "warmup_ok": {"extra": _warmup("zero_data: true", count=3)},
+    "warmup_file": {"extra": _warmup('input_data_file: "seven.bin"'),
+                    "warmup/seven.bin": "\x07\x00\x00\x00"},
+    "warmup_short": {"extra": _warmup('input_data_file: "short.bin"'), "warmup/short.bin": "ab"},
+    "warmup_no_data": {"extra": _warmup("")},
+    "warmup_wild": {"extra": _warmup("zero_data: true", dims="-1")},
+    "warmup_type": {"extra": _warmup("zero_data: true", data_type="TYPE_FP32")},
+    "warmup_other_input": {"extra": _warmup("zero_data: true", key="OTHER")},
+    "warmup_batch": {"extra": _warmup("random_data: true", batch_size=2)},
+}
+
+
 # A model with no config.pbtxt at all: Triton takes its backend from 1/model.py, and its
 # auto_complete_config the rest.
 NO_CONFIG_MODEL = """import triton_python_backend_utils as pb_utils
@@ -166,7 +195,8 @@ class TritonPythonModel:
 
 
 def write_broken_models(repo):
-    for name, files in BROKEN_MODELS.items():
+    """BROKEN_MODELS and WARMUP_MODELS, into `repo`."""
+    for name, files in {**BROKEN_MODELS, **WARMUP_MODELS}.items():
         folder = repo / name
         folder.mkdir()
         (folder / "config.pbtxt").write_text(_CONFIG.format(name=name, extra=files.get("extra", "")))
@@ -174,7 +204,7 @@ def write_broken_models(repo):
             if path != "extra":
                 (folder / path).parent.mkdir(parents=True, exist_ok=True)
                 (folder / path).write_text(text)
-        if files.get("extra") is not None and not any(p != "extra" for p in files):
+        if files.get("extra") is not None and "1/model.py" not in files:
             (folder / "1").mkdir()
             (folder / "1" / "model.py").write_text(_MODEL.format(body=""))
 
@@ -210,7 +240,24 @@ def management_answers(ports):
                 if "index after" in name:
                     settle(http_port)
                 out[name] = http_call(http_port, *case, timeout=120)
+    for name, answer in out.items():
+        if name.startswith("explicit stats warmup_"):
+            out[name] = _without_times(answer)
+        elif name == "explicit index after warmups" and isinstance(answer, tuple):
+            # The warmup models' entries: the others' are compared in the cases before.
+            out[name] = (answer[0], [entry for entry in answer[1]
+                                     if entry.get("name", "").startswith("warmup_")])
     return out
+
+
+def _without_times(answer):
+    """Statistics with their durations and last inference time left out, their counts kept."""
+    if isinstance(answer, (list, tuple)):
+        return type(answer)(_without_times(item) for item in answer)
+    if isinstance(answer, dict):
+        return {key: 0 if key in ("ns", "last_inference") else _without_times(value)
+                for key, value in answer.items()}
+    return answer
 
 
 def settle(http_port, timeout_s=60):
