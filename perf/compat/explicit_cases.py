@@ -1,8 +1,8 @@
 """The second pass, in explicit model control: a sequence of loads (unknown models, config
-overrides good and bad, model files, models that fail to load, warmup samples good and
-bad), unloads (with dependents),
-indexes, and requests to models not loaded; and the models written into that pass's copy of
-the repository only (those that fail to load, one without config.pbtxt)."""
+overrides good and bad, model files, models that fail to load, warmup samples good and bad),
+unloads (with dependents), indexes, and requests to models not loaded; and the models written
+into that pass's copy of the repository only (those that fail to load, those with warmup
+samples, one without config.pbtxt)."""
 import base64
 import json
 import struct
