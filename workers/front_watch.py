@@ -29,6 +29,7 @@ import threading
 import time
 
 from shmserve.ipc.priority import restore_worker_nice
+from shmserve.ipc.scratch import remove_folders_of
 from shmserve.ipc.segments import unlink_segments_of
 
 # Without a pidfd, how often the front is looked at (Triton's stub looks every 300 ms).
@@ -71,11 +72,13 @@ def _poll_for_exit(pid: int) -> None:
 
 
 def clean_up_after(front_pid: int) -> list:
-    """Unlink the segments of the front `front_pid`, which has exited; their names."""
+    """Unlink the segments of the front `front_pid`, which has exited, and remove its scratch
+    folders (shmserve/ipc/scratch.py); their names."""
+    removed = remove_folders_of(front_pid)
     try:
-        return unlink_segments_of(front_pid)
+        return unlink_segments_of(front_pid) + removed
     except OSError:  # no /dev/shm to look in: nothing of the front's can be there
-        return []
+        return removed
 
 
 class FrontWatch:

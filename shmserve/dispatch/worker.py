@@ -30,7 +30,7 @@ from shmserve.dispatch.hang_watch import HangWatch
 from shmserve.dispatch.instance_memory import InstanceMemory
 from shmserve.dispatch.memory_regions import Region, RegionSlice
 from shmserve.dispatch.region_mapping import MappedRegions
-from shmserve.dispatch.worker_process import WorkerProcess
+from shmserve.dispatch.worker_process import PythonEnvironment, WorkerProcess
 from shmserve.errors import Code, ModelError, ServerError
 from shmserve.fastpath.worker_loans import WorkerLoans
 from shmserve.ipc import messages
@@ -52,12 +52,15 @@ class WorkerHandle:
                  instance_kind: str, device_id: int, runtime_dir: str = "",
                  on_exit: Optional[Callable[["WorkerHandle"], None]] = None,
                  on_server_call: Optional[Callable] = None, spin_us: int = DEFAULT_SPIN_US,
-                 front_spin: Optional[FrontSpin] = None):
+                 front_spin: Optional[FrontSpin] = None,
+                 environment: Optional[PythonEnvironment] = None):
         """`on_server_call(handle, ServerCall)` serves the model's calls into the server
         (BLS, model control), answered with `reply`; `spin_us`: how long the worker polls
         for its next frame before it blocks, while the machine has a core to spare (0:
         never; see ipc/idle_spin.py); `front_spin`: keeps the front polling around its
-        batches (see front_spin.py), if given."""
+        batches (see front_spin.py), if given; `environment`: the model's own Python
+        environment (EXECUTION_ENV_PATH), if it has one."""
+        self._environment = environment
         self.instance_name = instance_name
         # What an instance group update matches it by (repository/instances.py); the loader
         # sets it.
@@ -126,7 +129,7 @@ class WorkerHandle:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         lent = self._loans.open()
         lent_fd = lent.fileno()  # the worker's, under the same number
-        process = self._process = WorkerProcess(self._log_context)
+        process = self._process = WorkerProcess(self._log_context, self._environment)
         assert self._memory.table is not None  # create() made it
         wake_fd = self._memory.table.wake_fd
         try:

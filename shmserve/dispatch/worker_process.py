@@ -10,17 +10,30 @@ import asyncio
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Optional
 
 from shmserve.observability import logs
 
 
+@dataclass(frozen=True)
+class PythonEnvironment:
+    """A model's own Python environment (Triton's EXECUTION_ENV_PATH, made ready by
+    repository/python_environments.py): its workers run its interpreter, with its packages
+    first and the server's after them."""
+
+    root: str  # holds bin/activate
+    python: str  # its interpreter, of the server's Python version
+
+
 class WorkerProcess:
     """A worker process and its log, from its spawn until its exit is reported."""
 
-    def __init__(self, log_context: dict):
-        """`log_context`: the instance's log context, which its lines are logged with."""
+    def __init__(self, log_context: dict, environment: Optional[PythonEnvironment] = None):
+        """`log_context`: the instance's log context, which its lines are logged with;
+        `environment`: the model's own Python environment, if it has one."""
         self.log = logs.WorkerLog(log_context)
+        self._environment = environment
         self._proc: Optional[asyncio.subprocess.Process] = None
 
     @property
@@ -40,8 +53,9 @@ class WorkerProcess:
         """Start `python -m workers` with `args` as its arguments, handing it `pass_fds`."""
         stdin, stdout, stderr = self.log.child_fds
         self._proc = await asyncio.create_subprocess_exec(
-            *worker_command("workers", *args), pass_fds=pass_fds, stdin=stdin, stdout=stdout,
-            stderr=stderr, env=worker_env())
+            *worker_command("workers", *args, environment=self._environment),
+            pass_fds=pass_fds, stdin=stdin, stdout=stdout, stderr=stderr,
+            env=worker_env(self._environment))
         await self.log.started(self._proc.pid)
 
     async def abandon(self) -> None:
@@ -90,21 +104,42 @@ def exit_text(returncode: int) -> str:
 # directory holding a `workers` or `shmserve` folder (an older checkout, a project's own
 # workers) would run that code in its workers. Dropped before the module is found; -P would do
 # the same, from Python 3.11 on.
-_RUN_MODULE = ("import runpy, sys\n"
+# In a model's own environment, the server's packages (numpy, msgpack, posix_ipc, for what the
+# environment lacks) come after the environment's: they are named in _FALLBACK.
+_FALLBACK = "SHMSERVE_FALLBACK_PATH"
+_RUN_MODULE = ("import os, runpy, sys\n"
                "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+               f"sys.path.extend(p for p in os.environ.pop('{_FALLBACK}', '').split(os.pathsep)"
+               " if p)\n"
                "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 
 
-def worker_command(module: str, *args: str) -> list:
+def worker_command(module: str, *args: str,
+                   environment: Optional[PythonEnvironment] = None) -> list:
     """The command line that runs `module` (`workers`, say) as a child process, with `args` as
-    its sys.argv[1:]; run it with worker_env()."""
-    return [sys.executable, "-c", _RUN_MODULE, module, *args]
+    its sys.argv[1:]; run it with worker_env() (of the same `environment`)."""
+    python = environment.python if environment is not None else sys.executable
+    return [python, "-c", _RUN_MODULE, module, *args]
 
 
-def worker_env() -> dict:
+def worker_env(environment: Optional[PythonEnvironment] = None) -> dict:
     env = dict(os.environ)
     # Workers must import this checkout's `workers` and `shmserve.ipc` even when the server
     # runs from a source tree rather than an installed package.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if environment is not None:
+        # As Triton's Python backend starts its stub in such an environment (what its
+        # bin/activate sets).
+        env["VIRTUAL_ENV"] = environment.root
+        env["PATH"] = os.path.join(environment.root, "bin") + _after(env.get("PATH"))
+        env["LD_LIBRARY_PATH"] = (os.path.join(environment.root, "lib")
+                                  + _after(env.get("LD_LIBRARY_PATH")))
+        env.pop("PYTHONHOME", None)
+        env[_FALLBACK] = os.pathsep.join(
+            p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
     return env
+
+
+def _after(value: Optional[str]) -> str:
+    return os.pathsep + value if value else ""

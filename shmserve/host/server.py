@@ -29,7 +29,7 @@ from shmserve.grpc.tls import TlsSettings, server_context
 from shmserve.host import systemd
 from shmserve.host.gc_tuning import GcTuner
 from shmserve.inference import InferRequest, InferResponse
-from shmserve.ipc import segments
+from shmserve.ipc import scratch, segments
 from shmserve.ipc.idle_spin import DEFAULT_SPIN_US
 from shmserve.model_calls import ServerCalls
 from shmserve.observability.tracing import TraceSettings, Tracer
@@ -207,6 +207,9 @@ class Server:
         removed = segments.sweep_dead_segments()
         if removed:
             log.info("removed %d shared-memory segment(s) of dead shmserve processes", len(removed))
+        removed = scratch.sweep_dead_folders()
+        if removed:
+            log.info("removed %d scratch folder(s) of dead shmserve processes", len(removed))
         await self._watchdog.start()  # before any segment is made
         self.dataplane.live = True
         await self.models.start()

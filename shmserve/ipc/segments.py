@@ -200,7 +200,7 @@ def sweep_dead_segments(shm_dir: str = "/dev/shm") -> list[str]:
     It cannot tell pids of another pid namespace sharing this shm_dir, so containers that share
     /dev/shm must not share it with a server in a different pid namespace.
     """
-    return _unlink_where(lambda pid: not _pid_alive(pid), shm_dir)
+    return _unlink_where(lambda pid: not pid_alive(pid), shm_dir)
 
 
 def unlink_segments_of(server_pid: int, shm_dir: str = "/dev/shm") -> list[str]:
@@ -233,7 +233,8 @@ def _unlink_where(wanted, shm_dir: str) -> list[str]:
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` may still run (one of another user counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

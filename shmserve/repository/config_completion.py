@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import time
+from typing import Awaitable, Callable
 
 from shmserve.config.backend import PYTHON_RUNTIME
 from shmserve.config.parse import parse_config_json
 from shmserve.config.render import config_to_json
-from shmserve.dispatch.worker_process import worker_command, worker_env
+from shmserve.dispatch.worker_process import PythonEnvironment, worker_command, worker_env
 from shmserve.errors import ServerError, invalid_arg
 from shmserve.proto import ModelConfig
 from shmserve.repository.scan import ModelEntry, select_versions
@@ -51,11 +52,13 @@ def needs_completion(config: ModelConfig, version_dir: str, runtime_dir: str = "
 
 
 async def complete_model_config(entry: ModelEntry, config: ModelConfig,
-                                settings: dict | None = None,
-                                runtime_dir: str = "") -> ModelConfig:
+                                settings: dict | None = None, runtime_dir: str = "",
+                                environment: Callable[[], Awaitable[PythonEnvironment | None]]
+                                | None = None) -> ModelConfig:
     """`config` as completed by the model's backend; `config` itself when there is nothing
     to complete. INVALID_ARG, naming the model, if it fails. `settings`: the backend's
-    --backend-config settings; `runtime_dir`: the folder of its Python-based backend."""
+    --backend-config settings; `runtime_dir`: the folder of its Python-based backend;
+    `environment`: makes the model's own Python environment ready, when completing needs it."""
     # Triton completes the config while loading the model's first version; we take the highest
     # version the config's policy selects, which under the default policy (latest 1) is the
     # only one loaded. A policy that auto_complete_config itself sets cannot be honoured here.
@@ -69,23 +72,26 @@ async def complete_model_config(entry: ModelEntry, config: ModelConfig,
     if not needs_completion(config, os.path.join(entry.path, str(version)), runtime_dir):
         return config
     return await auto_complete(entry.path, version, config, settings=settings,
-                               runtime_dir=runtime_dir)
+                               runtime_dir=runtime_dir,
+                               environment=await environment() if environment else None)
 
 
 async def auto_complete(model_dir: str, version: int, config: ModelConfig, *,
                         settings: dict | None = None, runtime_dir: str = "",
-                        timeout: float = TIMEOUT_SECONDS) -> ModelConfig:
+                        timeout: float = TIMEOUT_SECONDS,
+                        environment: PythonEnvironment | None = None) -> ModelConfig:
     """Runs the auto-complete of `config`'s backend on `<model_dir>/<version>` in a child
-    process, which is killed after `timeout` seconds."""
+    process (in the model's own Python `environment`, if it has one), which is killed after
+    `timeout` seconds."""
     name = config.name or os.path.basename(model_dir)
     given = config_to_json(config)
     given["name"] = name  # Triton names the model in the config it hands over
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         *worker_command("workers.autocomplete", model_dir, str(version),
-                        json.dumps(settings or {}), runtime_dir),
+                        json.dumps(settings or {}), runtime_dir, environment=environment),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=worker_env())
+        stderr=asyncio.subprocess.PIPE, env=worker_env(environment))
     try:
         out, err = await asyncio.wait_for(
             process.communicate(json.dumps(given).encode()), timeout)

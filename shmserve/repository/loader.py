@@ -36,6 +36,7 @@ from shmserve.ipc.messages import ServerCall
 from shmserve.observability.stats import ModelStats, first_response_bounds_ms
 from shmserve.observability.summaries import LatencySummaries
 from shmserve.repository.config_completion import complete_model_config
+from shmserve.repository.python_environments import PythonEnvironments, requested_path
 from shmserve.repository.instances import (config_change_requires_reload, match,
                                            version_source, wanted_instances)
 from shmserve.repository.scan import select_versions
@@ -122,6 +123,8 @@ class Loader:
         self._on_pool_stopped = on_pool_stopped
         self._on_instance_added = on_instance_added
         self._on_instance_removed = on_instance_removed
+        # The models' own Python environments (EXECUTION_ENV_PATH).
+        self._environments = PythonEnvironments()
         # Instances an update removed, until they are stopped -> the task that stops them.
         self._retirements: dict = {}
         self._auto_complete = not disable_auto_complete
@@ -264,8 +267,17 @@ class Loader:
             config = await complete_model_config(
                 entry, config, backend_settings(self._backend_config, config.backend),
                 runtime_dir=runtime_folder(config.runtime, config.backend,
-                                           self._backend_directory))
+                                           self._backend_directory),
+                environment=functools.partial(self._environment, config, entry.path))
         return config
+
+    async def _environment(self, config, model_dir: str):
+        """The model's own Python environment (EXECUTION_ENV_PATH) made ready, or None;
+        ServerError (INTERNAL) if it cannot serve."""
+        path = requested_path(config, model_dir)
+        if not path:
+            return None
+        return await asyncio.to_thread(self._environments.prepare, path)
 
     def _normalize(self, config, name: str):
         if self._gpus == 0:
@@ -331,7 +343,14 @@ class Loader:
             mv.reason = status_text(exc)
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return mv
-        workers = [self._new_worker(entry, version, config_json, want)
+        try:
+            environment = await self._environment(config, entry.path)
+        except ServerError as exc:  # a version's failure, as in Triton
+            mv.state = reg.UNAVAILABLE
+            mv.reason = status_text(exc)
+            log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
+            return mv
+        workers = [self._new_worker(entry, version, config_json, want, environment)
                    for want in wanted_instances(config, _kind_name)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -373,8 +392,10 @@ class Loader:
                                        return_exceptions=True)
         return [r for r in results if isinstance(r, BaseException)]
 
-    def _new_worker(self, entry, version: int, config_json: dict, want) -> WorkerHandle:
-        """The (not yet started) instance `want` (instances.Wanted) of a version."""
+    def _new_worker(self, entry, version: int, config_json: dict, want,
+                    environment) -> WorkerHandle:
+        """The (not yet started) instance `want` (instances.Wanted) of a version, run in the
+        model's own Python `environment` if it has one."""
         worker = WorkerHandle(
             model_name=entry.name, model_version=version, model_dir=entry.path,
             model_repository=entry.path, model_config=config_json, instance_name=want.name,
@@ -382,7 +403,7 @@ class Loader:
                                        config_json.get("backend", ""), self._backend_directory),
             instance_kind=want.kind, device_id=want.device, on_exit=self._on_instance_exit,
             on_server_call=self.server_calls, spin_us=self._worker_spin_us,
-            front_spin=self._front_spin)
+            front_spin=self._front_spin, environment=environment)
         worker.signature = want.signature  # what an instance group update matches it by
         if self._rate_limiter is not None:
             needs = needs_of(want.group, want.device)
@@ -399,7 +420,14 @@ class Loader:
         pool = mv.pool
         wanted = wanted_instances(config, _kind_name)
         chosen, removed = match(wanted, pool.instances, lambda inst: inst.signature)
-        added = [self._new_worker(entry, mv.version, mv.instance_config_json, want)
+        environment = None
+        if any(inst is None for inst in chosen):
+            try:
+                environment = await self._environment(mv.config, entry.path)
+            except ServerError as exc:
+                mv.reason = status_text(exc)
+                return mv.reason
+        added = [self._new_worker(entry, mv.version, mv.instance_config_json, want, environment)
                  for want, inst in zip(wanted, chosen) if inst is None]
         if added:
             log.info("model '%s' version %d: starting instance(s) %s", entry.name, mv.version,
@@ -493,7 +521,9 @@ class Loader:
             log.info("successfully unloaded '%s' version %d", mv.name, mv.version)  # Triton's
 
     async def unload_all(self) -> None:
+        """Every version stopped, and the Python environments unpacked for them removed."""
         await self.stop_versions(list(self.registry.all_versions()))
+        self._environments.close()
 
 
 def _install(rec, loaded: list) -> list:
