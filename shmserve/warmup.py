@@ -16,6 +16,7 @@ The loader calls `warm_up(mv, instance, model_dir)` once an instance has started
 hands it this function: the repository layer sits below admission).
 """
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -142,7 +143,9 @@ async def _run(mv, instance, sample: Sample, max_tensor_bytes: int) -> None:
         except ServerError as exc:
             raise ServerError(exc.code, f"{_UNKNOWN_ID}{exc.message}") from None
         if mv.config.HasField("sequence_batching"):
-            work.sequence_slot = slot  # a slot of its own; a sequence's START resets it
+            # A slot of its own. An implicit state the sample leaves in it stays until a
+            # sequence's START there replaces it (at most one state per warmup request).
+            work.sequence_slot = slot
         if mv.decoupled:
             work.stream = ResponseStream()
         works.append(work)
@@ -153,12 +156,24 @@ async def _run(mv, instance, sample: Sample, max_tensor_bytes: int) -> None:
                 f"is {allowed}"
         raise _failed(sample, [error] * sample.batch_size)
     started = time.perf_counter_ns()
-    responses, timings = await instance.execute(works)
     errors = []
     if mv.decoupled:
-        for work in works:
-            errors += await _stream_errors(work.stream)
+        # Read while the batch runs: the worker holds a decoupled model's next response
+        # until the front has taken the one before.
+        reads = [asyncio.ensure_future(_stream_errors(work.stream)) for work in works]
+        try:
+            (responses, timings), *per_request = await asyncio.gather(instance.execute(works),
+                                                                      *reads)
+        except BaseException:
+            for read in reads:
+                read.cancel()
+            for work in works:
+                work.stream.cancel()
+            raise
+        for request_errors in per_request:
+            errors += request_errors
     else:
+        responses, timings = await instance.execute(works)
         for response in responses:
             if response.error is not None:
                 errors.append(response.error.message)

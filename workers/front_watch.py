@@ -118,7 +118,7 @@ def main(argv: list) -> int:
         try:  # to where the front's stderr went
             print(f"shmserve watchdog (pid {os.getpid()}): the server process {front_pid} "
                   f"exited without stopping: removed its {len(removed)} shared-memory "
-                  f"segment(s)", file=sys.stderr, flush=True)
+                  f"segment(s) and scratch folder(s)", file=sys.stderr, flush=True)
         except OSError:
             pass
     return 0

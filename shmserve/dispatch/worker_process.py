@@ -24,6 +24,10 @@ class PythonEnvironment:
 
     root: str  # holds bin/activate
     python: str  # its interpreter, of the server's Python version
+    # A folder holding only the server's `shmserve` and `workers` packages (links to them), put
+    # before the environment's packages: the folder they lie in may hold the server's other
+    # packages too (its site-packages, once installed), which must come after.
+    code: str
 
 
 class WorkerProcess:
@@ -122,11 +126,17 @@ def worker_command(module: str, *args: str,
     return [python, "-c", _RUN_MODULE, module, *args]
 
 
+def code_root() -> str:
+    """The folder that holds the `shmserve` and `workers` packages this server runs: its
+    checkout, or the site-packages it is installed in."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def worker_env(environment: Optional[PythonEnvironment] = None) -> dict:
     env = dict(os.environ)
     # Workers must import this checkout's `workers` and `shmserve.ipc` even when the server
     # runs from a source tree rather than an installed package.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = environment.code if environment is not None else code_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if environment is not None:
         # As Triton's Python backend starts its stub in such an environment (what its

@@ -349,6 +349,26 @@ class Server:
         self._gc_tuner.stop()
         log.info("shmserve stopped")
 
+    async def _start_unless(self, stop: asyncio.Event) -> None:
+        """Start, unless a stop signal comes first: a model that is still loading then (an
+        initialize() or a warmup that takes long, or hangs) is abandoned, and its worker ends
+        with the front (workers/front_watch.py)."""
+        starting = asyncio.ensure_future(self.start())
+        signalled = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            signalled.cancel()
+        if starting.done():
+            starting.result()  # a start that failed says why
+            return
+        log.warning("stopping before every model loaded: the loads still running are abandoned")
+        starting.cancel()
+        try:
+            await starting
+        except asyncio.CancelledError:
+            pass
+
     def hurry(self) -> None:
         """End a drain now: what is still in flight fails rather than being waited for."""
         self._hurry.set()
@@ -430,7 +450,7 @@ class Server:
             loop.add_signal_handler(sig, on_signal, sig)
         watchdog = stopping = None
         try:
-            await self.start()
+            await self._start_unless(stop)
             if not stop.is_set():
                 await systemd.notify_patiently("READY=1")
                 # systemd's watchdog runs from the end of start-up on.

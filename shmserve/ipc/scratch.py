@@ -1,7 +1,10 @@
 """Folders the front makes under the temporary directory (the Python environments it unpacks
 for models), named for its pid as its shared-memory segments are (segments.py), so that
 whoever outlives a killed front removes them (workers/front_watch.py) and a later server
-start removes those of fronts that no longer run."""
+start removes those of fronts that no longer run. As for segments, a pid names a server only
+within its pid namespace: servers in containers that share one temporary directory (and one
+/dev/shm) must not share a pid namespace's numbering, or one's start may take another's
+folders for a dead server's."""
 
 import os
 import re

@@ -523,7 +523,7 @@ class Loader:
     async def unload_all(self) -> None:
         """Every version stopped, and the Python environments unpacked for them removed."""
         await self.stop_versions(list(self.registry.all_versions()))
-        self._environments.close()
+        await asyncio.to_thread(self._environments.close)
 
 
 def _install(rec, loaded: list) -> list:

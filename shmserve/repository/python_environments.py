@@ -21,7 +21,7 @@ import sys
 import tarfile
 import threading
 
-from shmserve.dispatch.worker_process import PythonEnvironment
+from shmserve.dispatch.worker_process import PythonEnvironment, code_root
 from shmserve.errors import internal
 from shmserve.ipc import scratch
 
@@ -48,9 +48,10 @@ class PythonEnvironments:
     server stops (`close`)."""
 
     def __init__(self):
-        self._base = ""  # made at the first archive
+        self._base = ""  # the server's scratch folder for them, made at the first use
         self._unpacked: dict = {}  # real path -> (folder, mtime_ns)
         self._count = 0
+        self._closed = False
         self._lock = threading.Lock()  # prepare() runs in threads
 
     def prepare(self, path: str) -> PythonEnvironment:
@@ -64,7 +65,22 @@ class PythonEnvironments:
         if not os.path.exists(activate):
             raise internal(f"Path {activate} does not exist. The Python environment should "
                            "contain an 'activate' script.")
-        return PythonEnvironment(root, _interpreter(root, path))
+        with self._lock:
+            code = os.path.join(self._scratch(), "code")
+        return PythonEnvironment(root, _interpreter(root, path), code)
+
+    def _scratch(self) -> str:
+        """The scratch folder, made with the links to the server's code at the first use
+        (under the lock)."""
+        if self._closed:
+            raise internal("the server is stopping")
+        if not self._base:
+            self._base = scratch.make_folder(os.getpid())
+            code = os.path.join(self._base, "code")
+            os.mkdir(code)
+            for package in ("shmserve", "workers"):
+                os.symlink(os.path.join(code_root(), package), os.path.join(code, package))
+        return self._base
 
     def _unpack(self, archive: str) -> str:
         mtime = os.stat(archive).st_mtime_ns
@@ -72,11 +88,9 @@ class PythonEnvironments:
             known = self._unpacked.get(archive)
             if known is not None and known[1] == mtime:
                 return known[0]
-            if not self._base:
-                self._base = scratch.make_folder(os.getpid())
             # A changed archive goes to a folder of its own: workers of the version still
-            # serving may run from the old one.
-            folder = os.path.join(self._base, str(self._count))
+            # serving may run from the old one, which stays until the server stops.
+            folder = os.path.join(self._scratch(), str(self._count))
             self._count += 1
             os.mkdir(folder)
             log.info("unpacking Python execution environment %s into %s", archive, folder)
@@ -91,7 +105,10 @@ class PythonEnvironments:
             return folder
 
     def close(self) -> None:
+        """Remove what was unpacked; no environment is prepared after this. Blocking (an
+        unpacking under way is waited for): run it in a thread."""
         with self._lock:
+            self._closed = True
             if self._base:
                 shutil.rmtree(self._base, ignore_errors=True)
             self._base = ""

@@ -6,14 +6,19 @@ the rest of the repository serves."""
 
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import (ROOT, STARTED_PIDS, alive, children_of, free_port, start_server,
+                            stop_server)
 
 # Records what each execute got, one JSON line per batch, in the file its parameter names.
 MODEL = '''
@@ -40,9 +45,10 @@ class TritonPythonModel:
                     error=pb_utils.TritonError("zeros are not welcome"))
             else:
                 response = pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)])
-            if self.decoupled:
-                request.get_response_sender().send(
-                    response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if self.decoupled:  # two responses: the second waits until the first is read
+                sender = request.get_response_sender()
+                sender.send(response)
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
                 responses.append(response)
         with open(self.log, "a") as f:
@@ -214,3 +220,49 @@ def test_samples_that_cannot_be_built_are_refused_before_anything_is_allocated(c
                            ": No such file or directory")
     for model in READY:
         assert clients["http"].is_model_ready(model)
+
+
+
+def test_a_stop_signal_during_a_warmup_that_hangs_stops_the_server(tmp_path):
+    began = tmp_path / "began"
+    (tmp_path / "repo" / "warm_hang" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "warm_hang" / "1" / "model.py").write_text(textwrap.dedent(f"""
+        import time
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                open({str(began)!r}, "w").close()
+                time.sleep(600)
+        """))
+    (tmp_path / "repo" / "warm_hang" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n' + FP32 + "model_warmup [ "
+        + sample("forever", "zero_data: true") + " ]\n")
+    # Not start_server: the server is not live until its models have loaded.
+    log = tmp_path / "shmserve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shmserve.cli", "--model-repository", str(tmp_path / "repo"),
+             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+             "--metrics-address", "127.0.0.1", "--http-port", str(free_port()),
+             "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=ROOT))
+    STARTED_PIDS.add(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while not began.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert began.exists(), log.read_text()
+        children = children_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the server this test started, by its pid
+        assert proc.wait(15) == 0
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in children)  # the worker ended with its front
+        assert "the loads still running are abandoned" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -352,8 +352,9 @@ class OnnxModel(StackedModel):
         self._start_sequences(context)
         self._ragged = RaggedBatching.from_config(config)
         sequence_inputs, state_outputs = extra_tensors(config)
+        # Triton counts a batch input once, however many targets it names.
         self._check_input_count(config, required,
-                                len(sequence_inputs) + len(self._ragged.target_entries()))
+                                len(sequence_inputs) + len(self._ragged.batch_inputs))
         self._inputs = (self._validate("input", config.get("input") or [], model_inputs)
                         + self._validate("input", sequence_inputs, model_inputs, dims=False))
         targets = iter(self._validate("input", self._ragged.target_entries(), model_inputs,
@@ -410,7 +411,7 @@ class OnnxModel(StackedModel):
 
     def _check_input_count(self, config: dict, required: int, extra: int) -> None:
         """Triton's count: the model's required inputs are the config's inputs that are not
-        optional, the sequence controls and states, and the batch inputs' targets."""
+        optional, the sequence controls and states, and one for each batch input."""
         expected = extra + sum(not entry.get("optional") for entry in config.get("input") or [])
         if required != expected:
             raise BackendError(f"unable to load model '{self._name}', configuration expects "

@@ -34,8 +34,18 @@ def test_a_folder_serves_where_it_is(tmp_path):
     (tmp_path / "lib" / version).mkdir(parents=True)
     python = tmp_path / "bin" / "python3"
     os.symlink(sys.executable, python)
-    environment = PythonEnvironments().prepare(str(tmp_path))
-    assert (environment.root, environment.python) == (str(tmp_path), str(python))
+    environments = PythonEnvironments()
+    try:
+        environment = environments.prepare(str(tmp_path))
+        assert (environment.root, environment.python) == (str(tmp_path), str(python))
+        # The workers get the server's two packages alone before the environment's.
+        assert sorted(os.listdir(environment.code)) == ["shmserve", "workers"]
+        assert os.path.exists(os.path.join(environment.code, "workers", "__main__.py"))
+    finally:
+        environments.close()
+    assert not os.path.exists(environment.code)
+    with pytest.raises(ServerError, match="the server is stopping"):
+        environments.prepare(str(tmp_path))
 
 
 def test_an_archive_that_is_no_archive(tmp_path):
