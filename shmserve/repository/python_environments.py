@@ -2,8 +2,8 @@
 parameter EXECUTION_ENV_PATH names a packed environment (a conda-pack or venv archive,
 `.tar.gz`) or a folder holding one, `$$TRITON_MODEL_DIRECTORY` standing for the model's folder.
 An archive is unpacked once into a scratch folder of the server (ipc/scratch.py: removed as the
-server stops, or by whoever outlives it), and again when its file changes; a folder
-is used where it is. The environment must hold `bin/activate` (Triton's check) and an
+server stops, or by whoever outlives it), and again when its file changes; a folder is used
+where it is. The environment must hold `bin/activate` (Triton's check) and an
 interpreter of the server's Python version: the model's workers (and its auto-complete) run
 that interpreter, with the environment's packages before the server's
 (dispatch/worker_process.py).
@@ -119,8 +119,8 @@ def _interpreter(root: str, path: str) -> str:
     """The environment's interpreter; ServerError if it has none of this server's version (the
     workers run the server's code and, for what the environment lacks, its packages)."""
     ours = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    versions = sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "lib", "python[0-9]*"))
-                      if os.path.isdir(p))
+    found = glob.glob(os.path.join(root, "lib", "python[0-9]*"))
+    versions = sorted(os.path.basename(p) for p in found if os.path.isdir(p))
     if versions and ours not in versions:
         raise internal(f"the Python execution environment {path} holds "
                        f"{', '.join(versions)}; this server's workers need {ours}")
