@@ -1,6 +1,8 @@
 """Fixtures shared by several test modules of the workers: `make_runner`, a PythonModel over a
 model.py written into a temporary repository and loaded from there (the test_python_backend_*
-modules)."""
+modules; test_sequence_extras_runner.py has a `make_runner` of its own, which takes precedence
+there), and `memory`, a buffer for the implicit state of the sequence extras (the
+test_sequence_extras_* modules)."""
 
 import textwrap
 
@@ -32,3 +34,8 @@ def make_runner(tmp_path):
     yield make
     for runner in runners:
         runner.finalize()
+
+
+@pytest.fixture
+def memory():
+    return memoryview(bytearray(1 << 16))
