@@ -10,7 +10,7 @@ from shmserve.dispatch.work_types import BatchTimings, WorkInput, WorkRequest, W
 from shmserve.errors import Code, ServerError
 from shmserve.observability.stats import ModelStats
 from shmserve.scheduling.sequence import SequenceBatcher
-from tests.unit.scheduling.test_dynamic_batcher import FakeTimer, settle
+from tests.unit.scheduling.batcher_helpers import FakeTimer, settle
 
 START, END = 1, 2
 MS = 1_000_000  # ns
