@@ -1,6 +1,6 @@
 """Long fuzzing of the decoders of client input, with a time budget.
 
-The properties of tests/unit/test_fuzz_decoders.py (a correct result or a ServerError with a
+The properties of tests/unit/fuzz/ (a correct result or a ServerError with a
 client-facing code; memory in proportion to the input) and of the gRPC layer in
 tests/unit/grpc/test_grpc_transport.py (every call on an HTTP/2 connection ends with a gRPC status,
 whatever its framing, headers and the bytes after it) and of tests/unit/grpc/test_http2.py (any
@@ -36,12 +36,16 @@ ATHERIS_TARGETS = ("http", "grpc", "config", "config_json", "generate")
 
 def run_hypothesis(seconds: float) -> list[str]:
     os.environ["SHMSERVE_FUZZ_EXAMPLES"] = str(CHUNK)
-    from tests.unit import test_fuzz_decoders as props
     from tests.unit import test_grpc_transport as transport_props
     from tests.unit import test_http1 as http1_props
     from tests.unit import test_http2 as http2_props
+    from tests.unit.fuzz import fuzz_helpers as props
+    from tests.unit.fuzz import (test_fuzz_configs, test_fuzz_extensions,
+                                 test_fuzz_infer_requests, test_fuzz_size_claims)
 
-    tests = [(name, fn) for module in (props, transport_props, http2_props, http1_props)
+    fuzz_props = (test_fuzz_infer_requests, test_fuzz_configs, test_fuzz_extensions,
+                  test_fuzz_size_claims)
+    tests = [(name, fn) for module in (*fuzz_props, transport_props, http2_props, http1_props)
              for name, fn in vars(module).items()
              if name.startswith("test_") and hasattr(fn, "hypothesis")]
     failures = []
@@ -77,7 +81,7 @@ def seed_corpus(target: str, folder: str) -> None:
     from tritonclient.grpc import _utils as grpc_utils
     import tritonclient.grpc as grpcclient
 
-    from tests.unit import test_fuzz_decoders as props
+    from tests.unit.fuzz import test_fuzz_configs as configs
 
     seeds = []
     if target == "http":
@@ -98,9 +102,9 @@ def seed_corpus(target: str, folder: str) -> None:
             "batching", inputs, "", "1", None, 0, False, False, 0, None, {"p": 1})
         seeds.append(request.SerializeToString())
     elif target == "config":
-        seeds.extend(text.encode() for text in props.REPOSITORY_CONFIGS)
+        seeds.extend(text.encode() for text in configs.REPOSITORY_CONFIGS)
     elif target == "config_json":
-        seeds.extend(text.encode() for text in props._repository_json_configs())
+        seeds.extend(text.encode() for text in configs._repository_json_configs())
     else:
         seeds.extend(orjson.dumps(doc) for doc in (
             {"INPUT0": [1.5, 2], "INPUT1": ["a", "b"], "parameters": {"p": 1}},
@@ -115,7 +119,8 @@ def atheris_target(target: str, libfuzzer_args: list[str]) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["shmserve"]):
-        from tests.unit import test_fuzz_decoders as props
+        from shmserve.http import generate
+        from tests.unit.fuzz import fuzz_helpers as props
 
     # The client object goes at once: the manager keeps what it checked at registration, and
     # libFuzzer may end this process without running any cleanup.
@@ -147,8 +152,8 @@ def atheris_target(target: str, libfuzzer_args: list[str]) -> None:
 
     def generate_target(data: bytes) -> None:
         model = props.MODELS[models[len(data) & 1]]
-        request = props.outcome("generate", props.generate.decode_generate_request, data, "m",
-                                "", model.signature)
+        request = props.outcome("generate", generate.decode_generate_request, data, "m", "",
+                                model.signature)
         if request is not None:
             props.outcome(None, props.prepare, request, model, regions)
 

@@ -21,8 +21,8 @@ from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.signature import ModelSignature
 from tests.conftest import ROOT
-from tests.unit.test_fuzz_decoders import (JSON, REGION_BYTES, grpc_messages, http_bodies,
-                                           near_valid_grpc, near_valid_http)
+from tests.unit.fuzz.fuzz_helpers import JSON, REGION_BYTES, grpc_messages, http_bodies
+from tests.unit.fuzz.test_fuzz_infer_requests import near_valid_grpc, near_valid_http
 
 MODELS = ["identity_fp32", "add_sub", "string_echo"]
 
