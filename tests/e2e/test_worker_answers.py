@@ -181,7 +181,7 @@ def test_pipelined_requests_are_answered_in_order(servers):
 def test_pipelined_answers_of_both_sides_keep_their_order(servers):
     """The worker writes after its batch's Result, while the front serves the next request:
     answers the front writes (an error, another model's) come in order with the worker's
-    (how the front holds them back is tested in tests/unit/http/test_http1.py)."""
+    (how the front holds them back is tested in tests/unit/http/test_http1_fast_path.py)."""
     rng = np.random.default_rng(8)
     requests = []
     for i in range(24):
