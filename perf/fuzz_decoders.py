@@ -2,7 +2,7 @@
 
 The properties of tests/unit/fuzz/ (a correct result or a ServerError with a
 client-facing code; memory in proportion to the input) and of the gRPC layer in
-tests/unit/grpc/test_grpc_transport.py (every call on an HTTP/2 connection ends with a gRPC status,
+tests/unit/grpc/test_grpc_transport_calls.py (every call on an HTTP/2 connection ends with a gRPC status,
 whatever its framing, headers and the bytes after it) and of tests/unit/grpc/test_http2.py (any
 frames either parse or end the connection with GOAWAY) and of tests/unit/http/test_http1_fast_path.py (any
 bytes on an HTTP/1.1 connection get answers, a refusal or a wait, never an exception), run with many more examples by
@@ -36,11 +36,11 @@ ATHERIS_TARGETS = ("http", "grpc", "config", "config_json", "generate")
 
 def run_hypothesis(seconds: float) -> list[str]:
     os.environ["SHMSERVE_FUZZ_EXAMPLES"] = str(CHUNK)
-    from tests.unit import test_grpc_transport as transport_props
     from tests.unit import test_http2 as http2_props
     from tests.unit.fuzz import fuzz_helpers as props
     from tests.unit.fuzz import (test_fuzz_configs, test_fuzz_extensions,
                                  test_fuzz_infer_requests, test_fuzz_size_claims)
+    from tests.unit.grpc import test_grpc_transport_calls as transport_props
     from tests.unit.http import test_http1_fast_path as http1_props
 
     fuzz_props = (test_fuzz_infer_requests, test_fuzz_configs, test_fuzz_extensions,

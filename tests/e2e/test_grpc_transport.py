@@ -177,8 +177,8 @@ def test_a_client_answers_the_servers_keepalive_pings(test_repository, tmp_path)
 
 def test_tritonclient_reads_compressed_responses(test_repository, tmp_path):
     """--grpc-infer-response-compression-level: grpcio's client accepts gzip and deflate, so
-    its answers come compressed (tests/unit/grpc/test_grpc_transport.py looks at the bytes), and
-    read as before, unary and streamed."""
+    its answers come compressed (tests/unit/grpc/test_grpc_transport_calls.py looks at the bytes),
+    and read as before, unary and streamed."""
     server = start_server(test_repository, str(tmp_path / "s.log"),
                           "--model-control-mode=explicit", "--load-model=add_sub",
                           "--load-model=repeat", "--grpc-infer-response-compression-level=high",
