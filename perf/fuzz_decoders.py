@@ -1,14 +1,15 @@
 """Long fuzzing of the decoders of client input, with a time budget.
 
-The properties of tests/unit/fuzz/ (a correct result or a ServerError with a
-client-facing code; memory in proportion to the input) and of the gRPC layer in
-tests/unit/grpc/test_grpc_transport_calls.py (every call on an HTTP/2 connection ends with a gRPC status,
-whatever its framing, headers and the bytes after it) and of tests/unit/grpc/test_http2.py (any
-frames either parse or end the connection with GOAWAY) and of tests/unit/http/test_http1_fast_path.py (any
-bytes on an HTTP/1.1 connection get answers, a refusal or a wait, never an exception), run with many more examples by
-hypothesis, and with --atheris also coverage-guided (libFuzzer through atheris) on the decoders
-that take bytes or text: the HTTP infer body, the gRPC ModelInferRequest, config.pbtxt,
-JSON configs and generate bodies.
+The properties of tests/unit/fuzz/ (a correct result or a ServerError with a client-facing
+code; memory in proportion to the input), of the gRPC layer in
+tests/unit/grpc/test_grpc_transport_calls.py (every call on an HTTP/2 connection ends with a
+gRPC status, whatever its framing, headers and the bytes after it), of HTTP/2's server side in
+tests/unit/grpc/test_http2_streams.py and test_http2_hostile_input.py (any frames either parse
+or end the connection with GOAWAY) and of tests/unit/http/test_http1_fast_path.py (any bytes on
+an HTTP/1.1 connection get answers, a refusal or a wait, never an exception), run with many
+more examples by hypothesis, and with --atheris also coverage-guided (libFuzzer through
+atheris) on the decoders that take bytes or text: the HTTP infer body, the gRPC
+ModelInferRequest, config.pbtxt, JSON configs and generate bodies.
 
     .venv/bin/python perf/fuzz_decoders.py --seconds 180             # hypothesis only
     .venv/bin/python perf/fuzz_decoders.py --seconds 180 --atheris   # half each
@@ -36,16 +37,17 @@ ATHERIS_TARGETS = ("http", "grpc", "config", "config_json", "generate")
 
 def run_hypothesis(seconds: float) -> list[str]:
     os.environ["SHMSERVE_FUZZ_EXAMPLES"] = str(CHUNK)
-    from tests.unit import test_http2 as http2_props
     from tests.unit.fuzz import fuzz_helpers as props
     from tests.unit.fuzz import (test_fuzz_configs, test_fuzz_extensions,
                                  test_fuzz_infer_requests, test_fuzz_size_claims)
     from tests.unit.grpc import test_grpc_transport_calls as transport_props
+    from tests.unit.grpc import test_http2_hostile_input, test_http2_streams
     from tests.unit.http import test_http1_fast_path as http1_props
 
     fuzz_props = (test_fuzz_infer_requests, test_fuzz_configs, test_fuzz_extensions,
                   test_fuzz_size_claims)
-    tests = [(name, fn) for module in (*fuzz_props, transport_props, http2_props, http1_props)
+    http2_props = (test_http2_streams, test_http2_hostile_input)
+    tests = [(name, fn) for module in (*fuzz_props, transport_props, *http2_props, http1_props)
              for name, fn in vars(module).items()
              if name.startswith("test_") and hasattr(fn, "hypothesis")]
     failures = []
