@@ -4,10 +4,12 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -210,6 +212,7 @@ class TritonServer(Server):
         env = dict(os.environ, ANCHORS=str(self.anchors), TRITON_REPO=str(self.model_repository),
                    TRITON_LOG=str(self.log_path))
         self.started = True
+        self.started_at = time.time()
         # In the client's session, as the anchors' scripts start it from a shell, and as
         # shmserve is started (see ShmServer).
         p = subprocess.run([str(self.anchors / "start_triton.sh")], env=env,
@@ -224,6 +227,11 @@ class TritonServer(Server):
         if self.started and self.pid_file.exists():
             subprocess.run([str(self.anchors / "stop_pid.sh"), "triton"],
                            env=dict(os.environ, ANCHORS=str(self.anchors)), stdout=subprocess.DEVNULL)
+            # Triton 2.51's Python backend makes /tmp/python_env_XXXXXX at each start and never
+            # removes it: only this run's (made since start(), empty) go.
+            for path in Path(tempfile.gettempdir()).glob("python_env_*"):
+                if path.is_dir() and path.stat().st_mtime >= self.started_at:
+                    shutil.rmtree(path, ignore_errors=True)
         self.started, self.pid = False, None
         return []
 
