@@ -204,6 +204,10 @@ class DataPlane:
                 out.append(entry)
         return out
 
+    def model_control_mode(self) -> str:
+        """--model-control-mode: "none", "explicit" or "poll"."""
+        return self.models.mode if self.models is not None else "none"
+
     async def load_model(self, name: str, config=None, files=None, repository: str = "") -> None:
         """The repository load API: returns once `name` is loaded (see ModelManager.load)."""
         _check_repository(repository)

@@ -9,7 +9,7 @@ import orjson
 GROUPS = {
     "inference": (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
                   ("POST", "/v1/embeddings")),
-    "model-repository": (("GET", "/v1/models"),),
+    "model-repository": (("GET", "/v1/models"), ("POST", "/v1/models/")),
     "metrics": (("GET", "/metrics"),),
     "health": (("GET", "/health/ready"),),
 }

@@ -77,6 +77,8 @@ class OpenAIRoutes:
         """(method, path pattern, handler, restriction group) of every route."""
         out = [("GET", "/v1/models", self.list_models, "model-repository"),
                ("GET", "/v1/models/{model}", self.get_model, "model-repository"),
+               ("POST", "/v1/models/{model}/load", self.load_model, "model-repository"),
+               ("POST", "/v1/models/{model}/unload", self.unload_model, "model-repository"),
                ("POST", "/v1/completions", self.completions, "inference"),
                ("POST", "/v1/chat/completions", self.chat_completions, "inference"),
                ("POST", "/v1/embeddings", self.embeddings, "inference"),
@@ -107,6 +109,45 @@ class OpenAIRoutes:
         if name not in self._ready_models():
             return detail_response(404, f"Unknown model: {name}")
         return _json(self._model_entry(name))
+
+    async def load_model(self, request: Request) -> Response:
+        """Triton's frontend's load: explicit model control only, a model not serving yet;
+        answers once it is ready (its entry) or why not."""
+        name = request.match_info["model"]
+        refused = self._model_control_refusal()
+        if refused is not None:
+            return refused
+        if name in self._ready_models():
+            return detail_response(400, f"Model '{name}' is already loaded")
+        try:
+            await self.dp.load_model(name)
+        except ServerError as exc:
+            return detail_response(400 if exc.code == Code.INVALID_ARG else 500,
+                                   f"Failed to load model '{name}': {exc.message}")
+        self._created[name] = int(time.time())
+        return _json(self._model_entry(name))
+
+    async def unload_model(self, request: Request) -> Response:
+        """Triton's frontend's unload: explicit model control only, a serving model."""
+        name = request.match_info["model"]
+        refused = self._model_control_refusal()
+        if refused is not None:
+            return refused
+        if name not in self._ready_models():
+            return detail_response(400, f"Unknown model: {name}")
+        try:
+            await self.dp.unload_model(name)
+        except ServerError as exc:
+            return detail_response(400 if exc.code == Code.INVALID_ARG else 500,
+                                   f"Failed to unload model '{name}': {exc.message}")
+        self._created.pop(name, None)
+        return _json({"status": "success", "model": name})
+
+    def _model_control_refusal(self) -> Response | None:
+        if self.dp.model_control_mode() != "explicit":
+            return detail_response(400, "Model load/unload requires "
+                                        "--model-control-mode=explicit")
+        return None
 
     def _ready_models(self) -> list:
         """The models with a ready version, from the registry (no scan of the repository)."""

@@ -62,6 +62,13 @@ def test_an_unknown_model_is_404_with_its_name(client, http):
     assert response.json() == {"detail": "Unknown model: no_such_model"}
 
 
+def test_load_and_unload_need_explicit_model_control(http):
+    for action in ("load", "unload"):
+        response = http.post(f"/v1/models/openai_echo/{action}")
+        assert (response.status_code, response.json()) == (
+            400, {"detail": "Model load/unload requires --model-control-mode=explicit"})
+
+
 # --- completions -----------------------------------------------------------------------
 
 PROMPT = "the quick brown fox jumps"
