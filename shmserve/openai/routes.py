@@ -119,11 +119,9 @@ class OpenAIRoutes:
             return refused
         if name in self._ready_models():
             return detail_response(400, f"Model '{name}' is already loaded")
-        try:
-            await self.dp.load_model(name)
-        except ServerError as exc:
-            return detail_response(400 if exc.code == Code.INVALID_ARG else 500,
-                                   f"Failed to load model '{name}': {exc.message}")
+        failed = await self._control("load", name, self.dp.load_model(name))
+        if failed is not None:
+            return failed
         self._created[name] = int(time.time())
         return _json(self._model_entry(name))
 
@@ -135,13 +133,22 @@ class OpenAIRoutes:
             return refused
         if name not in self._ready_models():
             return detail_response(400, f"Unknown model: {name}")
-        try:
-            await self.dp.unload_model(name)
-        except ServerError as exc:
-            return detail_response(400 if exc.code == Code.INVALID_ARG else 500,
-                                   f"Failed to unload model '{name}': {exc.message}")
+        failed = await self._control("unload", name, self.dp.unload_model(name))
+        if failed is not None:
+            return failed
         self._created.pop(name, None)
         return _json({"status": "success", "model": name})
+
+    @staticmethod
+    async def _control(action: str, name: str, call) -> Response | None:
+        """None once `call` (a load or an unload) is done; else why not, as Triton's frontend
+        says it: the client's mistake (INVALID_ARG) 400, anything else 500."""
+        try:
+            await call
+        except ServerError as exc:
+            return detail_response(400 if exc.code == Code.INVALID_ARG else 500,
+                                   f"Failed to {action} model '{name}': {exc.message}")
+        return None
 
     def _model_control_refusal(self) -> Response | None:
         if self.dp.model_control_mode() != "explicit":
