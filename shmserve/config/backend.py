@@ -253,3 +253,17 @@ def _holds(listing, kind: _Kind) -> bool:
         return True
     is_dir = os.path.isdir(os.path.join(folder, kind.filename))
     return is_dir if kind.form == "dir" else not is_dir
+
+
+# Characters Triton's Python backend refuses in the name of a process it starts (a shell
+# would read them).
+_STUB_NAME_REFUSES = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def check_stub_names(config, auto_complete: bool) -> None:
+    """Triton's Python backend names its processes after the model (the auto-complete one)
+    and its instances, and refuses names a shell would read: INVALID_ARG, its text."""
+    names = [config.name] if auto_complete else []
+    names += [group.name for group in config.instance_group]
+    if any(_STUB_NAME_REFUSES.intersection(name) for name in names):
+        raise invalid_arg("Invalid stub name: contains invalid characters")

@@ -19,10 +19,14 @@ is not its config, a model directory elsewhere, an ensemble) loads the version a
 the serving one, as before.
 """
 
+import logging
 import os
 
+from shmserve import proto
 from shmserve.config.parse import config_path
 from shmserve.repository.scan import file_marks
+
+log = logging.getLogger("shmserve.repository")
 
 
 def config_change_requires_reload(old, new) -> bool:
@@ -113,3 +117,19 @@ def version_source(model_dir: str, version: int, config_name=None) -> tuple:
     return (model_dir, *marks)
 
 
+def kind_name(group) -> str:
+    """An instance group's kind as "GPU" or "CPU" (KIND_AUTO and KIND_MODEL run on the CPU)."""
+    fd = group.DESCRIPTOR.fields_by_name["kind"]
+    name = fd.enum_type.values_by_number[group.kind].name
+    return "GPU" if name == "KIND_GPU" else "CPU"
+
+
+def run_gpu_groups_on_cpu(config, model_name: str) -> None:
+    """With no GPU on the machine, GPU instance groups run on the CPU rather than fail
+    (Triton refuses the model; running it is more useful, and the log warns)."""
+    for group in config.instance_group:
+        if kind_name(group) == "GPU":
+            log.warning("model '%s': instance group '%s' asks for a GPU but none exists; "
+                        "running it on the CPU", model_name, group.name or "(unnamed)")
+            group.kind = proto.ModelInstanceGroup.KIND_CPU
+            del group.gpus[:]

@@ -21,8 +21,8 @@ from typing import Any, Awaitable, Callable, TypeGuard
 from shmserve import proto
 from shmserve import registry as reg
 from shmserve.config.backend import (DEFAULT_BACKEND_DIRECTORY, backend_settings,
-                                     check_backend_fields, fill_backend_fields, require_backend,
-                                     runtime_folder)
+                                     check_backend_fields, check_stub_names,
+                                     fill_backend_fields, require_backend, runtime_folder)
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import read_model_config
 from shmserve.config.render import config_to_json
@@ -37,8 +37,9 @@ from shmserve.observability.stats import ModelStats, first_response_bounds_ms
 from shmserve.observability.summaries import LatencySummaries
 from shmserve.repository.config_completion import complete_model_config
 from shmserve.repository.python_environments import PythonEnvironments, requested_path
-from shmserve.repository.instances import (config_change_requires_reload, match,
-                                           version_source, wanted_instances)
+from shmserve.repository.instances import (config_change_requires_reload, kind_name, match,
+                                           run_gpu_groups_on_cpu, version_source,
+                                           wanted_instances)
 from shmserve.repository.scan import select_versions
 from shmserve.scheduling.default import DefaultScheduler
 from shmserve.scheduling.dynamic import DynamicBatcher
@@ -180,7 +181,7 @@ class Loader:
             read = await self._read_config(entry, config)
             config = self._normalize(read, entry.name)
             if config.backend == "python":
-                _check_stub_names(config, self._auto_complete)
+                check_stub_names(config, self._auto_complete)
             if config.platform == ENSEMBLE_PLATFORM:
                 plan = EnsemblePlan.build(config, functools.partial(self._step_config,
                                                                     entry.name))
@@ -281,7 +282,7 @@ class Loader:
 
     def _normalize(self, config, name: str):
         if self._gpus == 0:
-            _run_gpu_groups_on_cpu(config, name)
+            run_gpu_groups_on_cpu(config, name)
         return normalize_config(config, name, self._gpus)
 
     def _step_config(self, ensemble: str, name: str, version: int):
@@ -351,7 +352,7 @@ class Loader:
             log.error("model '%s' version %d failed to load: %s", entry.name, version, mv.reason)
             return mv
         workers = [self._new_worker(entry, version, config_json, want, environment)
-                   for want in wanted_instances(config, _kind_name)]
+                   for want in wanted_instances(config, kind_name)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if not errors:
@@ -418,7 +419,7 @@ class Loader:
         or, when new instances failed to start, why (the version then serves as before)."""
         mv.reason = ""
         pool = mv.pool
-        wanted = wanted_instances(config, _kind_name)
+        wanted = wanted_instances(config, kind_name)
         chosen, removed = match(wanted, pool.instances, lambda inst: inst.signature)
         environment = None
         if any(inst is None for inst in chosen):
@@ -568,37 +569,6 @@ def _scheduler(config, config_json: dict, pool, stats, model_dir: str, version: 
     if config.HasField("sequence_batching"):
         return SequenceBatcher.from_config(pool, stats, config)
     return DefaultScheduler(pool, stats)
-
-
-def _run_gpu_groups_on_cpu(config, model_name: str) -> None:
-    """With no GPU on the machine, GPU instance groups run on the CPU rather than fail
-    (Triton refuses the model; running it is more useful, and the log warns)."""
-    for group in config.instance_group:
-        if _kind_name(group) == "GPU":
-            log.warning("model '%s': instance group '%s' asks for a GPU but none exists; "
-                     "running it on the CPU", model_name, group.name or "(unnamed)")
-            group.kind = proto.ModelInstanceGroup.KIND_CPU
-            del group.gpus[:]
-
-
-# Characters Triton's Python backend refuses in the name of a process it starts (a shell
-# would read them).
-_STUB_NAME_REFUSES = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
-
-
-def _check_stub_names(config, auto_complete: bool) -> None:
-    """Triton's Python backend names its processes after the model (the auto-complete one)
-    and its instances, and refuses names a shell would read: INVALID_ARG, its text."""
-    names = [config.name] if auto_complete else []
-    names += [group.name for group in config.instance_group]
-    if any(_STUB_NAME_REFUSES.intersection(name) for name in names):
-        raise invalid_arg("Invalid stub name: contains invalid characters")
-
-
-def _kind_name(group) -> str:
-    fd = group.DESCRIPTOR.fields_by_name["kind"]
-    name = fd.enum_type.values_by_number[group.kind].name
-    return "GPU" if name == "KIND_GPU" else "CPU"
 
 
 def _policy_versions(config, entry) -> tuple:

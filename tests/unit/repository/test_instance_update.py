@@ -5,9 +5,8 @@ import os
 
 from shmserve.config.normalize import normalize_config
 from shmserve.config.parse import parse_config_text
-from shmserve.repository.instances import (config_change_requires_reload, match,
+from shmserve.repository.instances import (config_change_requires_reload, kind_name, match,
                                            version_source, wanted_instances)
-from shmserve.repository.loader import _kind_name
 
 BASE = '''
 name: "m"
@@ -41,7 +40,7 @@ class Serving:
 
 
 def serving(cfg, names=None) -> list:
-    wanted = wanted_instances(cfg, _kind_name)
+    wanted = wanted_instances(cfg, kind_name)
     return [Serving(names[i] if names else w.name, w) for i, w in enumerate(wanted)]
 
 
@@ -53,12 +52,12 @@ def names(chosen, wanted):
 def test_a_wanted_instance_keeps_the_last_serving_one_of_its_kind():
     two = serving(config("instance_group [ { count: 2 kind: KIND_CPU } ]"))
     assert [s.name for s in two] == ["m_0_0", "m_0_1"]
-    wanted = wanted_instances(config("instance_group [ { count: 3 kind: KIND_CPU } ]"), _kind_name)
+    wanted = wanted_instances(config("instance_group [ { count: 3 kind: KIND_CPU } ]"), kind_name)
     chosen, removed = match(wanted, two, lambda s: s.signature)
     assert names(chosen, wanted) == ["m_0_1", "m_0_0", "new m_0_2"] and removed == []
     # Triton's order afterwards: the kept ones as claimed, then the new one.
     three = [two[1], two[0], Serving("m_0_2", wanted[2])]
-    wanted = wanted_instances(config("instance_group [ { count: 1 kind: KIND_CPU } ]"), _kind_name)
+    wanted = wanted_instances(config("instance_group [ { count: 1 kind: KIND_CPU } ]"), kind_name)
     chosen, removed = match(wanted, three, lambda s: s.signature)
     assert names(chosen, wanted) == ["m_0_2"]
     assert [s.name for s in removed] == ["m_0_1", "m_0_0"]
@@ -68,19 +67,19 @@ def test_group_names_and_counts_do_not_tell_instances_apart_but_other_fields_do(
     cpu = serving(config('instance_group [ { name: "a" count: 1 kind: KIND_CPU }, '
                          '{ name: "b" count: 2 kind: KIND_CPU } ]'))
     wanted = wanted_instances(config('instance_group [ { name: "c" count: 3 kind: KIND_CPU } ]'),
-                              _kind_name)
+                              kind_name)
     chosen, removed = match(wanted, cpu, lambda s: s.signature)
     assert None not in chosen and removed == []  # the instances keep their names: a_0, b_0, b_1
     wanted = wanted_instances(config(
         'instance_group [ { count: 3 kind: KIND_CPU rate_limiter { resources [ { name: "R" '
-        'count: 2 } ] } } ]'), _kind_name)
+        'count: 2 } ] } } ]'), kind_name)
     chosen, removed = match(wanted, cpu, lambda s: s.signature)
     assert chosen == [None] * 3 and len(removed) == 3
 
 
 def test_gpu_instances_are_told_apart_by_device_and_numbered_across_devices():
     cfg = config("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] } ]", gpus=2)
-    wanted = wanted_instances(cfg, _kind_name)
+    wanted = wanted_instances(cfg, kind_name)
     assert [(w.name, w.device) for w in wanted] == [
         ("m_0_0", 0), ("m_0_2", 1), ("m_0_1", 0), ("m_0_3", 1)]
     assert wanted[0].signature == wanted[2].signature != wanted[1].signature
