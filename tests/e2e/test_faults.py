@@ -31,7 +31,7 @@ from shmserve.dispatch import instance_memory
 from shmserve.host.server import Options, Server
 from shmserve.inference import InferRequest, InputTensor, RequestedOutput
 from tests.conftest import ROOT, SHM_DIR, alive, start_server, stop_server
-from tests.e2e.test_streaming import metric, read_record, wait_record
+from tests.e2e.streaming_helpers import metric, read_record, wait_record
 from tests.e2e.test_worker_crash import _instance_pids
 
 MODELS = ("batch_recorder", "stream_probe", "slow", "add_sub", "repeat", "fault_leak")

@@ -20,7 +20,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server, stop_server
-from tests.e2e.test_streaming import metric
+from tests.e2e.streaming_helpers import metric
 
 
 def _add_sub_inputs(a, b):
