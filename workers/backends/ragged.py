@@ -128,9 +128,6 @@ class RaggedBatching:
                 batch_outputs[target] = BatchOutput(target, source, shapes[target])
         return cls(ragged, batch_inputs, batch_outputs)
 
-    def __bool__(self) -> bool:
-        return bool(self.ragged or self.batch_inputs or self.batch_outputs)
-
     def target_entries(self) -> list[dict]:
         """The batch inputs' targets as config input entries (name, data type, dims [-1]),
         for a backend to bind to the model's inputs."""

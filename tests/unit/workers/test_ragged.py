@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from workers.backends.batch import Input, Request
-from workers.backends.ragged import BatchInput, BatchOutput, RaggedBatching
+from workers.backends.ragged import NONE, BatchInput, BatchOutput, RaggedBatching
 
 # Three requests of a batching model, as in Triton's ragged batching guide.
 SHAPES = [(1, 3), (1, 4), (1, 5)]
@@ -64,7 +64,7 @@ def test_from_a_config():
     assert ragged.ragged == {"X"}
     assert ragged.batch_outputs == {"Y": BatchOutput("Y", "X", (-1, -1))}
     assert [e["name"] for e in ragged.target_entries()] == ["I", "J"]
-    assert not RaggedBatching.from_config({"input": [{"name": "X", "dims": [1]}]})
+    assert RaggedBatching.from_config({"input": [{"name": "X", "dims": [1]}]}) == NONE
 
 
 # --- an ONNX model in this process ------------------------------------------------------------
